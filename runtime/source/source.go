@@ -1,0 +1,52 @@
+// Package source defines the one small interface every broker adapter
+// satisfies. The consumer loop fetches a batch, commits its effects to
+// PostgreSQL, and only then acknowledges the batch through the same Source.
+package source
+
+import (
+	"context"
+	"time"
+)
+
+// Message is one delivery from a broker.
+type Message struct {
+	// NativeID is the broker's own identity for the stored record, stable
+	// across redeliveries of that record (JetStream "<stream>:<stream seq>",
+	// Kafka "<topic>/<partition>/<offset>", RabbitMQ the message_id property,
+	// Redis the entry id). A producer that re-publishes gets a new NativeID,
+	// which is why `message.id.brokerNative` is documented as a pitfall.
+	NativeID string
+	// Headers holds the first value of each header (AMQP properties and
+	// headers, Kafka record headers, NATS headers, Redis entry fields other
+	// than the body field).
+	Headers map[string]string
+	// Body is the payload.
+	Body []byte
+	// PublishedAt is the broker's stored publish/append time of the record,
+	// stable across redeliveries and replays (the partition key of the
+	// Partitioned inbox layout).
+	PublishedAt time.Time
+	// Attempt is the broker's delivery count when it reports one (1 = first
+	// delivery), otherwise 0.
+	Attempt int
+	// Ref is adapter-private data needed to acknowledge the message.
+	Ref any
+}
+
+// Source is a broker adapter.
+//
+// Implementations must be safe for use by one goroutine at a time (the
+// consumer loop). They reconnect on their own: after an error from Fetch or
+// Ack the loop backs off and calls again.
+type Source interface {
+	// Fetch returns up to max messages, waiting at most maxWait for the first
+	// one. An empty slice with a nil error means nothing arrived in time.
+	Fetch(ctx context.Context, max int, maxWait time.Duration) ([]Message, error)
+	// Ack acknowledges messages returned by Fetch. It is called only after the
+	// database transaction holding their effects has committed, for every
+	// message of the batch (duplicates and dead letters included).
+	Ack(ctx context.Context, msgs []Message) error
+	// Close releases connections. Unacknowledged messages are redelivered by
+	// the broker later.
+	Close() error
+}
