@@ -1,0 +1,162 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// IdempotentConsumer turns at-least-once delivery from a broker into an
+// exactly-once effect in PostgreSQL. The controller provisions the inbox
+// tables, deploys the runtime consumer, derives the dedup retention window from
+// the broker and runs a prune CronJob with that window.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.runtime.replicas,statuspath=.status.runtime.replicas,selectorpath=.status.runtime.selector
+// +kubebuilder:resource:shortName=idc,categories=messaging
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the consumer is provisioned, running and pruning"
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.status.source`,description="The broker the consumer reads"
+// +kubebuilder:printcolumn:name="Window",type=string,JSONPath=`.status.retention.window`,description="The dedup retention window in force"
+// +kubebuilder:printcolumn:name="Last Prune",type=date,JSONPath=`.status.lastPrune.time`,description="When the inbox was last pruned"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Guarantee",type=string,JSONPath=`.status.guarantee`,priority=1
+type IdempotentConsumer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the source, the sink and its effect, and the retention policy.
+	// +required
+	Spec IdempotentConsumerSpec `json:"spec"`
+
+	// status is observed by the controller.
+	// +optional
+	Status IdempotentConsumerStatus `json:"status,omitempty"`
+}
+
+// IdempotentConsumerSpec is the desired state of an IdempotentConsumer.
+type IdempotentConsumerSpec struct {
+	// suspend scales the runtime consumer to zero replicas. Pruning goes on.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+
+	// source is the broker to consume from. Exactly one block is set.
+	// +required
+	Source SourceSpec `json:"source"`
+
+	// message says where each message's dedup id and, optionally, its entity
+	// key and sequence are found.
+	// +required
+	Message MessageSpec `json:"message"`
+
+	// sink is the PostgreSQL database holding the inbox and the effect.
+	// +required
+	Sink SinkSpec `json:"sink"`
+
+	// delivery tunes batching, retries and dead-lettering.
+	// +kubebuilder:default={}
+	// +optional
+	Delivery DeliverySpec `json:"delivery,omitempty"`
+
+	// retention decides how long processed message ids are kept.
+	// +kubebuilder:default={}
+	// +optional
+	Retention RetentionSpec `json:"retention,omitempty"`
+
+	// runtime configures the consumer Deployment.
+	// +kubebuilder:default={}
+	// +optional
+	Runtime RuntimeSpec `json:"runtime,omitempty"`
+}
+
+// SecretKeyRef selects one key of a Secret in the resource's namespace.
+type SecretKeyRef struct {
+	// name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// key within the Secret's data.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Key string `json:"key"`
+}
+
+// TLSSpec configures TLS towards a broker. All material comes from Secrets.
+type TLSSpec struct {
+	// caSecretRef holds the PEM CA bundle that signs the broker's certificate.
+	// +optional
+	CASecretRef *SecretKeyRef `json:"caSecretRef,omitempty"`
+	// certSecretRef holds the PEM client certificate for mutual TLS.
+	// +optional
+	CertSecretRef *SecretKeyRef `json:"certSecretRef,omitempty"`
+	// keySecretRef holds the PEM client key for mutual TLS.
+	// +optional
+	KeySecretRef *SecretKeyRef `json:"keySecretRef,omitempty"`
+	// insecureSkipVerify disables server certificate verification. Test use only.
+	// +optional
+	InsecureSkipVerify bool `json:"insecureSkipVerify,omitempty"`
+}
+
+// Duration is a Go duration string such as "30s", "1h30m" or "168h".
+// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+// +kubebuilder:validation:MaxLength=32
+type Duration string
+
+// SQLIdentifier is a PostgreSQL identifier: lower case letters, digits and
+// underscores, starting with a letter or underscore, at most 63 characters.
+// It is quoted in every statement regardless.
+// +kubebuilder:validation:Pattern=`^[a-z_][a-z0-9_]{0,62}$`
+// +kubebuilder:validation:MaxLength=63
+type SQLIdentifier string
+
+// ValueExpression selects a value from a message: a JSON path into the payload
+// ("$.order.id"), or one of "@messageId", "@publishedAt", "@payload" (the
+// whole payload as jsonb) and "@header:<Name>".
+// +kubebuilder:validation:Pattern=`^(\$(\.[^.]+)*|@messageId|@publishedAt|@payload|@header:.+)$`
+// +kubebuilder:validation:MaxLength=256
+type ValueExpression string
+
+// JSONPath is a dotted path into a JSON payload, such as "$.eventId".
+// +kubebuilder:validation:Pattern=`^\$(\.[^.]+)+$`
+// +kubebuilder:validation:MaxLength=256
+type JSONPath string
+
+// RuntimeSpec configures the consumer Deployment.
+type RuntimeSpec struct {
+	// image of the runtime. Defaults to the operator's own runtime image.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+	// replicas of the consumer. Concurrent replicas are safe: the inbox's
+	// primary key settles races on one id.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// resources of the runtime container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+	// serviceAccountName the pods run as. Its token is not mounted.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+	// podAnnotations are added to the consumer pods.
+	// +optional
+	PodAnnotations map[string]string `json:"podAnnotations,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// IdempotentConsumerList is a list of IdempotentConsumers.
+type IdempotentConsumerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IdempotentConsumer `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&IdempotentConsumer{}, &IdempotentConsumerList{})
+}

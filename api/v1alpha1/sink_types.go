@@ -1,0 +1,283 @@
+package v1alpha1
+
+// SinkSpec is the PostgreSQL database, the inbox in it and the effect to apply.
+type SinkSpec struct {
+	// postgres is the database connection.
+	// +required
+	Postgres PostgresSpec `json:"postgres"`
+	// inbox is the table of processed message ids.
+	// +required
+	Inbox InboxSpec `json:"inbox"`
+	// effect is applied for every new message, in the same transaction as the
+	// inbox claim (except http). Exactly one block is set.
+	// +required
+	Effect EffectSpec `json:"effect"`
+}
+
+// PostgresSpec is a PostgreSQL connection.
+type PostgresSpec struct {
+	// connectionSecretRef holds a PostgreSQL DSN (postgres://user:pass@host/db
+	// or key=value form).
+	// +required
+	ConnectionSecretRef SecretKeyRef `json:"connectionSecretRef"`
+	// schema holding the inbox, dead-letter and prune-run tables; created if
+	// missing. Immutable.
+	// +kubebuilder:default=public
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="schema is immutable"
+	// +optional
+	Schema SQLIdentifier `json:"schema,omitempty"`
+}
+
+// InboxLayout is the physical layout of the inbox table.
+// +kubebuilder:validation:Enum=Table;Partitioned
+type InboxLayout string
+
+const (
+	// InboxLayoutTable is one table; prune deletes in bounded batches.
+	InboxLayoutTable InboxLayout = "Table"
+	// InboxLayoutPartitioned is partitioned per day of publish time; prune
+	// drops whole partitions.
+	InboxLayoutPartitioned InboxLayout = "Partitioned"
+)
+
+// DeletionPolicy says what happens to the tables when the resource is deleted.
+// +kubebuilder:validation:Enum=Retain;Delete
+type DeletionPolicy string
+
+const (
+	// DeletionPolicyRetain keeps the tables (default).
+	DeletionPolicyRetain DeletionPolicy = "Retain"
+	// DeletionPolicyDelete drops the inbox, dead-letter and prune-run tables.
+	DeletionPolicyDelete DeletionPolicy = "Delete"
+)
+
+// InboxSpec is the inbox table.
+type InboxSpec struct {
+	// table name of the inbox. Immutable: a new table would forget every
+	// processed id.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="table is immutable"
+	// +required
+	Table SQLIdentifier `json:"table"`
+	// layout is Table (default) or Partitioned (daily partitions on publish
+	// time, pruned by dropping partitions).
+	// +kubebuilder:default=Table
+	// +optional
+	Layout InboxLayout `json:"layout,omitempty"`
+	// deletionPolicy is Retain (default: the tables stay when the resource is
+	// deleted) or Delete (the tables are dropped).
+	// +kubebuilder:default=Retain
+	// +optional
+	DeletionPolicy DeletionPolicy `json:"deletionPolicy,omitempty"`
+}
+
+// EffectSpec is the effect applied for each new message. Exactly one is set.
+// +kubebuilder:validation:XValidation:rule="[has(self.upsert), has(self.append), has(self.sql), has(self.http)].filter(x, x).size() == 1",message="exactly one of upsert, append, sql, http must be set"
+type EffectSpec struct {
+	// upsert writes the latest state per key, gated by sequence.
+	// +optional
+	Upsert *UpsertEffect `json:"upsert,omitempty"`
+	// append inserts one row per new message.
+	// +optional
+	Append *AppendEffect `json:"append,omitempty"`
+	// sql runs a statement per new message with :name parameters bound.
+	// +optional
+	SQL *SQLEffect `json:"sql,omitempty"`
+	// http calls an endpoint per new message with an Idempotency-Key header.
+	// The guarantee is then AtLeastOnceWithIdempotencyKey.
+	// +optional
+	HTTP *HTTPEffect `json:"http,omitempty"`
+}
+
+// Columns maps column names to value expressions.
+// +kubebuilder:validation:MinProperties=1
+// +kubebuilder:validation:MaxProperties=64
+// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[a-z_][a-z0-9_]{0,62}$'))",message="column names must match ^[a-z_][a-z0-9_]{0,62}$"
+type Columns map[string]ValueExpression
+
+// UpsertEffect writes the latest state per key.
+// +kubebuilder:validation:XValidation:rule="self.key.all(k, k in self.columns)",message="every key column must be among columns"
+// +kubebuilder:validation:XValidation:rule="!has(self.sequenceColumn) || self.sequenceColumn in self.columns",message="sequenceColumn must be among columns"
+type UpsertEffect struct {
+	// table to upsert into. It must exist with a unique constraint on key.
+	// +required
+	Table SQLIdentifier `json:"table"`
+	// key columns: the conflict target.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +required
+	Key []SQLIdentifier `json:"key"`
+	// columns to write, each from a value expression.
+	// +required
+	Columns Columns `json:"columns"`
+	// sequenceColumn holds the entity sequence: a row is only overwritten by a
+	// higher one (the sequence gate). Defaults to the column whose expression
+	// is message.entity.sequence.
+	// +optional
+	SequenceColumn SQLIdentifier `json:"sequenceColumn,omitempty"`
+}
+
+// AppendEffect inserts one row per new message.
+type AppendEffect struct {
+	// table to insert into.
+	// +required
+	Table SQLIdentifier `json:"table"`
+	// columns to write, each from a value expression.
+	// +required
+	Columns Columns `json:"columns"`
+}
+
+// SQLEffect runs a statement per new message.
+type SQLEffect struct {
+	// statement with :name parameters, e.g.
+	// "UPDATE accounts SET balance = balance + :amount WHERE id = :id".
+	// Values are bound as parameters, never concatenated.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=8192
+	// +required
+	Statement string `json:"statement"`
+	// params maps parameter names to value expressions.
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[a-z_][a-z0-9_]{0,62}$'))",message="parameter names must match ^[a-z_][a-z0-9_]{0,62}$"
+	// +optional
+	Params map[string]ValueExpression `json:"params,omitempty"`
+}
+
+// HTTPMethod is the method of the http effect.
+// +kubebuilder:validation:Enum=POST;PUT;PATCH
+type HTTPMethod string
+
+// HTTPEffect calls an endpoint with the payload and Idempotency-Key: <id>.
+type HTTPEffect struct {
+	// url to call.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://[^ /]+')",message="url must be an http:// or https:// URL"
+	// +required
+	URL string `json:"url"`
+	// method is POST (default), PUT or PATCH.
+	// +kubebuilder:default=POST
+	// +optional
+	Method HTTPMethod `json:"method,omitempty"`
+	// timeout of one call.
+	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="timeout must be positive"
+	// +optional
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// DeliverySpec tunes batching and retries.
+type DeliverySpec struct {
+	// batchSize is the most messages claimed and applied in one transaction.
+	// +kubebuilder:default=500
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	BatchSize int32 `json:"batchSize,omitempty"`
+	// maxWait is the longest wait for a batch to fill.
+	// +kubebuilder:default="200ms"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxWait must be positive"
+	// +optional
+	MaxWait Duration `json:"maxWait,omitempty"`
+	// maxAttempts before a message that keeps failing is dead-lettered.
+	// +kubebuilder:default=5
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+	// backoff between attempts (exponential with jitter).
+	// +kubebuilder:default={}
+	// +optional
+	Backoff BackoffSpec `json:"backoff,omitempty"`
+	// deadLetter is where messages that cannot be applied are kept.
+	// +optional
+	DeadLetter *DeadLetterSpec `json:"deadLetter,omitempty"`
+}
+
+// BackoffSpec is an exponential backoff.
+// +kubebuilder:validation:XValidation:rule="duration(self.max) >= duration(self.initial)",message="backoff.max must not be smaller than backoff.initial"
+type BackoffSpec struct {
+	// initial delay.
+	// +kubebuilder:default="500ms"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="initial must be positive"
+	// +optional
+	Initial Duration `json:"initial,omitempty"`
+	// max delay.
+	// +kubebuilder:default="1m"
+	// +optional
+	Max Duration `json:"max,omitempty"`
+}
+
+// DeadLetterSpec names the dead-letter table.
+type DeadLetterSpec struct {
+	// table for dead letters. Defaults to <inbox table>_dead_letters.
+	// +required
+	Table SQLIdentifier `json:"table"`
+}
+
+// RetentionMode says where the window comes from.
+// +kubebuilder:validation:Enum=Derived;Explicit
+type RetentionMode string
+
+const (
+	// RetentionModeDerived derives the window from the broker's settings.
+	RetentionModeDerived RetentionMode = "Derived"
+	// RetentionModeExplicit uses spec.retention.window.
+	RetentionModeExplicit RetentionMode = "Explicit"
+)
+
+// RetentionSpec decides how long processed ids are kept.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Explicit' || has(self.window)",message="window is required when mode is Explicit",fieldPath=".window"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'Explicit' || !has(self.window)",message="window may only be set when mode is Explicit",fieldPath=".window"
+type RetentionSpec struct {
+	// mode is Derived (default: from the broker's redelivery and replay
+	// settings, read live) or Explicit (window).
+	// +kubebuilder:default=Derived
+	// +optional
+	Mode RetentionMode `json:"mode,omitempty"`
+	// window is the retention when mode is Explicit.
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="window must be positive"
+	// +optional
+	Window Duration `json:"window,omitempty"`
+	// maxConsumerOutage is the longest the consumers may be down: attempt
+	// counters do not move meanwhile, so it extends the redelivery horizon.
+	// +kubebuilder:default="24h"
+	// +optional
+	MaxConsumerOutage Duration `json:"maxConsumerOutage,omitempty"`
+	// safetyMargin is added to the derived window.
+	// +kubebuilder:default="1h"
+	// +optional
+	SafetyMargin Duration `json:"safetyMargin,omitempty"`
+	// maxReplayAge bounds replay when the broker's is unbounded (compacted
+	// topic, MaxAge=0, untrimmed stream). Without it nothing is pruned.
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxReplayAge must be positive"
+	// +optional
+	MaxReplayAge Duration `json:"maxReplayAge,omitempty"`
+	// prune configures the prune CronJob.
+	// +kubebuilder:default={}
+	// +optional
+	Prune PruneSpec `json:"prune,omitempty"`
+}
+
+// PruneSpec configures the prune CronJob.
+type PruneSpec struct {
+	// schedule in cron format.
+	// +kubebuilder:default="*/30 * * * *"
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^@(hourly|daily|weekly|monthly|yearly|annually)$') || self.matches('^[^ ]+( [^ ]+){4}$')",message="schedule must be a five-field cron expression or a @macro"
+	// +optional
+	Schedule string `json:"schedule,omitempty"`
+	// batchSize of each DELETE (Table layout).
+	// +kubebuilder:default=10000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	// +optional
+	BatchSize int32 `json:"batchSize,omitempty"`
+	// maxDuration of one prune run.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxDuration must be positive"
+	// +optional
+	MaxDuration Duration `json:"maxDuration,omitempty"`
+	// suspend stops pruning.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+}

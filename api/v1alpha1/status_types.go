@@ -1,0 +1,181 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// Condition types. Ready summarises the others; Reconciling and Stalled follow
+// kstatus so Flux and Argo CD read progress and failure without custom checks.
+const (
+	// ConditionReady is True when the inbox is provisioned, the runtime is
+	// available, and pruning is scheduled (or deliberately suspended).
+	ConditionReady = "Ready"
+	// ConditionInboxReady is True when the inbox, dead-letter and prune-run
+	// tables exist at the expected schema version.
+	ConditionInboxReady = "InboxReady"
+	// ConditionRuntimeReady is True when the consumer Deployment is Available
+	// (or suspended on purpose).
+	ConditionRuntimeReady = "RuntimeReady"
+	// ConditionPruneScheduled is True when the prune CronJob is active.
+	ConditionPruneScheduled = "PruneScheduled"
+	// ConditionRetentionResolved is True when the retention window is known.
+	ConditionRetentionResolved = "RetentionResolved"
+	// ConditionReconciling is True while the controller is converging.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when progress needs a human (bad spec, conflict).
+	ConditionStalled = "Stalled"
+)
+
+// Condition reasons, CamelCase as Kubernetes expects.
+const (
+	ReasonReady              = "Ready"
+	ReasonProvisioned        = "Provisioned"
+	ReasonProgressing        = "Progressing"
+	ReasonSuspended          = "Suspended"
+	ReasonSecretNotFound     = "SecretNotFound"
+	ReasonSecretKeyMissing   = "SecretKeyMissing"
+	ReasonInvalidDSN         = "InvalidDSN"
+	ReasonDatabaseError      = "DatabaseUnreachable"
+	ReasonPermissionDenied   = "PermissionDenied"
+	ReasonConflict           = "Conflict"
+	ReasonDeploymentNotReady = "DeploymentNotAvailable"
+	ReasonScheduled          = "Scheduled"
+	ReasonPruneSuspended     = "PruneSuspended"
+	ReasonBrokerValues       = "Broker"
+	ReasonExplicit           = "Explicit"
+	ReasonUnboundedReplay    = "UnboundedReplay"
+	ReasonBrokerUnreachable  = "BrokerUnreachable"
+	ReasonWaitingForInbox    = "WaitingForInbox"
+	ReasonWaitingForWindow   = "WaitingForRetention"
+	ReasonInvalidSpec        = "InvalidSpec"
+)
+
+// Guarantee is what the consumer promises for its effect.
+// +kubebuilder:validation:Enum=ExactlyOnceEffect;AtLeastOnceWithIdempotencyKey
+type Guarantee string
+
+const (
+	// GuaranteeExactlyOnceEffect: the effect commits with the inbox claim.
+	GuaranteeExactlyOnceEffect Guarantee = "ExactlyOnceEffect"
+	// GuaranteeAtLeastOnceWithIdempotencyKey: the http effect is called at
+	// least once with Idempotency-Key; the remote side deduplicates.
+	GuaranteeAtLeastOnceWithIdempotencyKey Guarantee = "AtLeastOnceWithIdempotencyKey"
+)
+
+// IdempotentConsumerStatus is the observed state.
+type IdempotentConsumerStatus struct {
+	// observedGeneration is the generation of the last successful reconcile.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions: Ready, InboxReady, RuntimeReady, PruneScheduled,
+	// RetentionResolved, Reconciling, Stalled.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// source names the broker and its stream, topic or queue.
+	// +optional
+	Source string `json:"source,omitempty"`
+	// guarantee is ExactlyOnceEffect or AtLeastOnceWithIdempotencyKey (http).
+	// +optional
+	Guarantee Guarantee `json:"guarantee,omitempty"`
+	// retention is the window in force and how it was derived.
+	// +optional
+	Retention *RetentionStatus `json:"retention,omitempty"`
+	// inbox is the provisioned table.
+	// +optional
+	Inbox *InboxStatus `json:"inbox,omitempty"`
+	// runtime is the consumer Deployment.
+	// +optional
+	Runtime *RuntimeStatus `json:"runtime,omitempty"`
+	// lastPrune is the latest prune run recorded in the database.
+	// +optional
+	LastPrune *PruneRunStatus `json:"lastPrune,omitempty"`
+}
+
+// RetentionSourceKind says where the window's inputs came from.
+// +kubebuilder:validation:Enum=Broker;Declared
+type RetentionSourceKind string
+
+const (
+	// RetentionSourceBroker: read live from the broker.
+	RetentionSourceBroker RetentionSourceKind = "Broker"
+	// RetentionSourceDeclared: taken from the spec.
+	RetentionSourceDeclared RetentionSourceKind = "Declared"
+)
+
+// RetentionStatus is the window in force.
+type RetentionStatus struct {
+	// window is the retention of processed ids.
+	// +optional
+	Window string `json:"window,omitempty"`
+	// redeliveryHorizon = min(L, A + O).
+	// +optional
+	RedeliveryHorizon string `json:"redeliveryHorizon,omitempty"`
+	// replayHorizon is how far back a replay can reach.
+	// +optional
+	ReplayHorizon string `json:"replayHorizon,omitempty"`
+	// source of the inputs.
+	// +optional
+	Source RetentionSourceKind `json:"source,omitempty"`
+	// derivedFrom lists every input and where it came from.
+	// +optional
+	DerivedFrom string `json:"derivedFrom,omitempty"`
+	// observedAt is when the inputs were read.
+	// +optional
+	ObservedAt *metav1.Time `json:"observedAt,omitempty"`
+	// inputsHash identifies the inputs.
+	// +optional
+	InputsHash string `json:"inputsHash,omitempty"`
+	// pendingWindow is a smaller window derived from the broker; it is adopted
+	// once the current window has elapsed since pendingSince, because ids
+	// processed under the old window may still be redelivered until then.
+	// +optional
+	PendingWindow string `json:"pendingWindow,omitempty"`
+	// pendingSince is when pendingWindow was first derived.
+	// +optional
+	PendingSince *metav1.Time `json:"pendingSince,omitempty"`
+}
+
+// InboxStatus is the provisioned inbox.
+type InboxStatus struct {
+	// table is schema-qualified.
+	// +optional
+	Table string `json:"table,omitempty"`
+	// layout of the table.
+	// +optional
+	Layout InboxLayout `json:"layout,omitempty"`
+	// schemaVersion of the inbox tables.
+	// +optional
+	SchemaVersion int32 `json:"schemaVersion,omitempty"`
+}
+
+// RuntimeStatus is the consumer Deployment.
+type RuntimeStatus struct {
+	// deployment name.
+	// +optional
+	Deployment string `json:"deployment,omitempty"`
+	// replicas observed (the /scale status).
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// readyReplicas observed.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// selector of the pods, for /scale and HPA.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+}
+
+// PruneRunStatus is one prune run.
+type PruneRunStatus struct {
+	// time the run finished.
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
+	// cutoff: rows processed before it were eligible.
+	// +optional
+	Cutoff *metav1.Time `json:"cutoff,omitempty"`
+	// rowsDeleted by the run.
+	// +optional
+	RowsDeleted int64 `json:"rowsDeleted,omitempty"`
+	// partitionsDropped by the run.
+	// +optional
+	PartitionsDropped int32 `json:"partitionsDropped,omitempty"`
+}

@@ -1,0 +1,309 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
+	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// maxIDBytes keeps ids well under the btree entry limit (~2.7kB): a longer id
+// would fail every claim of its batch.
+const maxIDBytes = 1024
+
+// deadLetter is a dead-letter row plus its metrics label.
+type deadLetter struct {
+	row   inbox.DeadLetter
+	class string
+}
+
+// outcome is what the committed transactions of a batch did; it is only
+// counted once they committed, so retries never double-count.
+type outcome struct {
+	applied, stale, duplicates int
+	dead                       map[string]int
+}
+
+func (o *outcome) add(p outcome) {
+	o.applied += p.applied
+	o.stale += p.stale
+	o.duplicates += p.duplicates
+	if o.dead == nil {
+		o.dead = map[string]int{}
+	}
+	for k, v := range p.dead {
+		o.dead[k] += v
+	}
+}
+
+// process settles one batch and acknowledges it. It returns errStopped when
+// stop ended while the batch could not be committed (nothing acked).
+func (c *Consumer) process(work, stop context.Context, msgs []source.Message) error {
+	start := time.Now()
+	recs, dls, dups := c.prepare(msgs)
+	out := outcome{duplicates: dups}
+	var err error
+	if c.effect.Transactional() {
+		err = c.settle(work, stop, recs, dls, c.effect, &out)
+	} else {
+		err = c.settleOutside(work, stop, recs, dls, &out)
+	}
+	if err != nil {
+		return err
+	}
+	if AfterCommitHook != nil {
+		AfterCommitHook()
+	}
+	ackCtx, cancel := context.WithTimeout(work, ackTimeout)
+	defer cancel()
+	if err := c.src.Ack(ackCtx, msgs); err != nil {
+		// Committed effects are safe: the broker redelivers, the inbox dedupes.
+		c.metrics.AckErrors.Inc()
+		c.log.Error(err, "Ack failed after commit; the broker will redeliver", "messages", len(msgs))
+	}
+	c.record(len(msgs), out, time.Since(start))
+	return nil
+}
+
+func (c *Consumer) record(n int, out outcome, took time.Duration) {
+	c.metrics.Messages.Add(float64(n))
+	c.metrics.DuplicatesSkipped.Add(float64(out.duplicates))
+	c.metrics.StaleRefused.Add(float64(out.stale))
+	for class, v := range out.dead {
+		c.metrics.DeadLetters.WithLabelValues(class).Add(float64(v))
+	}
+	c.metrics.BatchDuration.Observe(took.Seconds())
+}
+
+// prepare extracts the id of every message. Messages without a usable id
+// become dead letters; a second message with an id already seen in the batch
+// is a duplicate (acked with the batch, never applied).
+func (c *Consumer) prepare(msgs []source.Message) ([]*extract.Message, []deadLetter, int) {
+	recs := make([]*extract.Message, 0, len(msgs))
+	var dls []deadLetter
+	seen := make(map[string]struct{}, len(msgs))
+	dups := 0
+	for _, sm := range msgs {
+		m := extract.NewMessage(sm)
+		id, err := c.id.Text(m)
+		if err == nil {
+			err = checkID(id)
+		}
+		if err != nil {
+			dls = append(dls, newDeadLetter(m, "message id: "+err.Error(), idErrorClass(err), 1))
+			continue
+		}
+		if _, dup := seen[id]; dup {
+			dups++
+			continue
+		}
+		seen[id] = struct{}{}
+		m.ID = id
+		recs = append(recs, m)
+	}
+	return recs, dls, dups
+}
+
+var errBadID = errors.New("invalid message id")
+
+func checkID(id string) error {
+	switch {
+	case len(id) > maxIDBytes:
+		return fmt.Errorf("%w: longer than %d bytes", errBadID, maxIDBytes)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not valid UTF-8", errBadID)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] == 0 {
+			return fmt.Errorf("%w: contains a NUL byte", errBadID)
+		}
+	}
+	return nil
+}
+
+func idErrorClass(err error) string {
+	switch {
+	case errors.Is(err, extract.ErrInvalidJSON):
+		return ReasonInvalidJSON
+	case errors.Is(err, errBadID):
+		return ReasonInvalidID
+	}
+	return ReasonMissingID
+}
+
+func evalErrorClass(err error) string {
+	if errors.Is(err, extract.ErrInvalidJSON) {
+		return ReasonInvalidJSON
+	}
+	return ReasonEvaluation
+}
+
+func newDeadLetter(m *extract.Message, reason, class string, attempts int) deadLetter {
+	return deadLetter{class: class, row: inbox.DeadLetter{
+		MessageID: m.ID, NativeID: m.NativeID, Reason: reason, Payload: m.Body,
+		Headers: m.Headers, Attempts: max(attempts, m.Attempt), PublishedAt: m.PublishedAt,
+	}}
+}
+
+// settle commits recs (claim + effect) and dls. A failing transaction is
+// retried with backoff; connection-class failures are retried until the
+// database returns and never count as attempts. A group that keeps failing is
+// bisected; a single record that still fails after MaxAttempts becomes a
+// dead letter carrying the database error, and the rest proceeds.
+func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome) error {
+	limit := c.attemptLimit(len(recs))
+	attempts, outages := 0, 0
+	for {
+		part, err := c.commit(work, recs, dls, eff)
+		if err == nil {
+			out.add(part)
+			return nil
+		}
+		var wait time.Duration
+		if isConnectionError(err) {
+			outages++
+			wait = c.backoff(outages)
+			c.log.Error(err, "Database unavailable; retrying the batch", "records", len(recs), "failures", outages)
+		} else {
+			attempts++
+			if attempts >= limit {
+				return c.isolate(work, stop, recs, dls, eff, out, err, attempts)
+			}
+			wait = c.backoff(attempts)
+			c.log.Error(err, "Batch failed; retrying", "records", len(recs), "attempt", attempts)
+		}
+		if !c.sleep(stop, wait) {
+			return errStopped
+		}
+	}
+}
+
+// attemptLimit: a group is retried once (a transient error such as a
+// deadlock passes) before it is split; a single record gets MaxAttempts;
+// dead letters alone are retried until they commit (they must never be lost).
+func (c *Consumer) attemptLimit(records int) int {
+	switch records {
+	case 0:
+		return int(^uint(0) >> 1)
+	case 1:
+		return c.delivery.MaxAttempts
+	}
+	return min(2, c.delivery.MaxAttempts)
+}
+
+func (c *Consumer) isolate(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome, cause error, attempts int) error {
+	if len(recs) == 1 {
+		c.log.Error(cause, "Dead-lettering a message that keeps failing", "messageId", recs[0].ID, "attempts", attempts)
+		dl := newDeadLetter(recs[0], "database: "+cause.Error(), ReasonDatabase, attempts)
+		return c.settle(work, stop, nil, append(dls, dl), eff, out)
+	}
+	mid := len(recs) / 2
+	if err := c.settle(work, stop, recs[:mid], dls, eff, out); err != nil {
+		return err
+	}
+	return c.settle(work, stop, recs[mid:], nil, eff, out)
+}
+
+func (c *Consumer) backoff(n int) time.Duration {
+	return backoff(n, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)
+}
+
+// commit runs one transaction: claim, effect for the new ids, dead letters.
+func (c *Consumer) commit(ctx context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect) (outcome, error) {
+	if err := c.ensurePartitionsFor(ctx, recs); err != nil {
+		return outcome{}, err
+	}
+	var out outcome
+	err := c.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		if out, dls, err = c.claimAndApply(ctx, tx, recs, dls, eff); err != nil {
+			return err
+		}
+		rows := make([]inbox.DeadLetter, len(dls))
+		for i, d := range dls {
+			rows[i] = d.row
+			out.dead[d.class]++
+		}
+		return c.store.DeadLetter(ctx, tx, rows)
+	})
+	if err != nil {
+		// A partition pruned since it was cached shows up as a failed
+		// insert; forget the cache so the retry re-creates it.
+		c.store.ForgetPartitions()
+		return outcome{}, fmt.Errorf("while committing a batch of %d records: %w", len(recs), err)
+	}
+	return out, nil
+}
+
+func (c *Consumer) ensurePartitionsFor(ctx context.Context, recs []*extract.Message) error {
+	if c.store.Layout() != config.LayoutPartitioned || len(recs) == 0 {
+		return nil
+	}
+	times := make([]time.Time, len(recs))
+	for i, m := range recs {
+		times[i] = m.PublishedAt
+	}
+	return c.store.EnsurePartitionsFor(ctx, times)
+}
+
+// claimAndApply claims recs and applies the effect to the new ones. Records
+// the effect cannot evaluate are released from the inbox and dead-lettered.
+func (c *Consumer) claimAndApply(ctx context.Context, tx pgx.Tx, recs []*extract.Message, dls []deadLetter, eff effect.Effect) (outcome, []deadLetter, error) {
+	out := outcome{dead: map[string]int{}}
+	claims := make([]inbox.Claim, len(recs))
+	for i, m := range recs {
+		claims[i] = inbox.Claim{MessageID: m.ID, PublishedAt: m.PublishedAt}
+	}
+	fresh, err := c.store.Claim(ctx, tx, claims)
+	if err != nil {
+		return out, nil, err
+	}
+	newRecs := make([]*extract.Message, 0, len(fresh))
+	for _, m := range recs {
+		if _, ok := fresh[m.ID]; ok {
+			newRecs = append(newRecs, m)
+		}
+	}
+	out.duplicates = len(recs) - len(newRecs)
+	res, err := eff.Apply(ctx, tx, newRecs)
+	if err != nil {
+		return out, nil, err
+	}
+	out.applied, out.stale = res.Applied, res.Stale
+	released := make([]string, 0, len(res.Failed))
+	dls = append([]deadLetter(nil), dls...) // the caller may retry with its own slice
+	for _, f := range res.Failed {
+		m := newRecs[f.Index]
+		released = append(released, m.ID)
+		dls = append(dls, newDeadLetter(m, f.Err.Error(), evalErrorClass(f.Err), 1))
+	}
+	return out, dls, c.store.Unclaim(ctx, tx, released)
+}
+
+// inTx runs fn in a READ COMMITTED transaction (the partitioned claim relies
+// on a fresh snapshot per statement) and times the COMMIT.
+func (c *Consumer) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return fmt.Errorf("while beginning: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op after a commit
+	if err := fn(tx); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("while committing: %w", err)
+	}
+	c.metrics.CommitDuration.Observe(time.Since(start).Seconds())
+	return nil
+}

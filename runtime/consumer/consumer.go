@@ -1,0 +1,182 @@
+// Package consumer is the runtime loop: fetch a batch, claim its ids and
+// apply the effect in one PostgreSQL transaction, commit, and only then ack
+// (DESIGN.md section 5).
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
+	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// AfterCommitHook, when set, runs after a batch has committed and before it
+// is acknowledged. It exists only for chaos tests (cmd wires it to
+// IDC_FAILPOINT=after-commit-before-ack to exit abruptly there); production
+// code must leave it nil.
+var AfterCommitHook func()
+
+// statsInterval is how often the inbox gauges (and partitions ahead) are
+// refreshed.
+const statsInterval = 15 * time.Second
+
+// partitionsAhead is how many days of partitions are kept ready.
+const partitionsAhead = 3
+
+// ackTimeout bounds one acknowledgement; a slow broker must not hang the loop.
+const ackTimeout = 30 * time.Second
+
+// errStopped means the loop was asked to stop while a batch could not be
+// committed; nothing of it was acknowledged, so the broker redelivers it.
+var errStopped = errors.New("stopped before the batch could be committed")
+
+// Consumer runs the loop for one IdempotentConsumer.
+type Consumer struct {
+	src      source.Source
+	pool     *pgxpool.Pool
+	store    *inbox.Store
+	effect   effect.Effect
+	id       extract.Extractor
+	delivery config.Delivery
+	metrics  *Metrics
+	log      logr.Logger
+
+	dbReady    atomic.Bool
+	fetchReady atomic.Bool
+}
+
+// New builds the loop from the config. metrics may be nil (then they are
+// registered on a private registry).
+func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Metrics, logger logr.Logger) (*Consumer, error) {
+	store, err := inbox.New(pool, cfg.Sink)
+	if err != nil {
+		return nil, err
+	}
+	eff, err := effect.New(cfg.Sink.Effect, cfg.Sink.Schema, cfg.Message.Entity)
+	if err != nil {
+		return nil, err
+	}
+	id, err := extract.CompileExtractor(cfg.Message.ID)
+	if err != nil {
+		return nil, fmt.Errorf("while compiling message.id: %w", err)
+	}
+	if metrics == nil {
+		if metrics, err = NewMetrics(prometheus.NewRegistry()); err != nil {
+			return nil, err
+		}
+	}
+	return &Consumer{
+		src: src, pool: pool, store: store, effect: eff, id: id,
+		delivery: cfg.Delivery, metrics: metrics,
+		log: logger.WithValues("consumer", cfg.Name),
+	}, nil
+}
+
+// Ready reports whether the database answered and the source delivered (or
+// timed out empty) at least once: the /readyz check.
+func (c *Consumer) Ready() bool { return c.dbReady.Load() && c.fetchReady.Load() }
+
+// Run consumes until ctx ends and returns nil then. Stopping is graceful:
+// fetching stops at once, the batch in flight is still committed and
+// acknowledged (unless it cannot commit, in which case it is left to the
+// broker to redeliver).
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.waitForDatabase(ctx) {
+		return nil
+	}
+	go c.refreshStats(ctx)
+	// Work on the batch in flight must outlive a stop request.
+	work := context.WithoutCancel(ctx)
+	failures := 0
+	for ctx.Err() == nil {
+		msgs, err := c.src.Fetch(ctx, c.delivery.BatchSize, c.delivery.MaxWait.Duration)
+		if ctx.Err() != nil {
+			// A fetch cut short by the stop may still have returned
+			// messages; they were not processed, so they stay unacked.
+			return nil
+		}
+		if err != nil {
+			failures++
+			c.log.Error(err, "Fetch failed; backing off", "failures", failures)
+			if !c.sleep(ctx, backoff(failures, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		c.fetchReady.Store(true)
+		if len(msgs) == 0 {
+			continue
+		}
+		if err := c.process(work, ctx, msgs); err != nil {
+			c.log.Info("Stopped with a batch not committed; the broker will redeliver it", "messages", len(msgs))
+			return nil
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) waitForDatabase(ctx context.Context) bool {
+	for n := 1; ; n++ {
+		err := c.pool.Ping(ctx)
+		if err == nil {
+			c.dbReady.Store(true)
+			c.ensurePartitionsAhead(ctx)
+			return true
+		}
+		c.log.Error(err, "Database not reachable yet; backing off", "attempt", n)
+		if !c.sleep(ctx, backoff(n, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
+			return false
+		}
+	}
+}
+
+func (c *Consumer) ensurePartitionsAhead(ctx context.Context) {
+	if err := c.store.EnsurePartitions(ctx, time.Now().AddDate(0, 0, -1), partitionsAhead+1); err != nil {
+		// Not fatal: the claim path creates a missing day on demand.
+		c.log.Error(err, "Could not create inbox partitions ahead")
+	}
+}
+
+func (c *Consumer) refreshStats(ctx context.Context) {
+	t := time.NewTicker(statsInterval)
+	defer t.Stop()
+	for {
+		st, err := c.store.Stats(ctx)
+		if err == nil {
+			c.metrics.InboxRows.Set(float64(st.Rows))
+			c.metrics.OldestInboxRowAge.Set(st.OldestAge.Seconds())
+		} else if ctx.Err() == nil {
+			c.log.V(1).Info("Could not read inbox stats", "error", err.Error())
+		}
+		c.ensurePartitionsAhead(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sleep waits d or until stop ends; it reports whether the wait completed.
+func (c *Consumer) sleep(stop context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,469 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+func testConfig(t *testing.T, layout config.Layout) *config.Config {
+	t.Helper()
+	c := &config.Config{
+		Name:    "test/orders",
+		Source:  config.Source{NATSJetStream: &config.JetStream{URL: "nats://unused", Stream: "S", Consumer: "c"}},
+		Message: config.Message{ID: config.Extractor{JSONPath: "$.id"}},
+		Sink: config.Sink{DSNEnv: "UNUSED", Schema: "app", InboxTable: "inbox_orders", Layout: layout,
+			Effect: config.Effect{Append: &config.Append{Table: "effects", Columns: map[string]string{
+				"message_id": "@messageId", "n": "$.n",
+			}}}},
+		Delivery: config.Delivery{BatchSize: 37, MaxWait: config.Duration{Duration: 20 * time.Millisecond}, MaxAttempts: 3,
+			BackoffInitial: config.Duration{Duration: 2 * time.Millisecond}, BackoffMax: config.Duration{Duration: 50 * time.Millisecond}},
+	}
+	c.Default()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// setup creates the database, the sink table (a CHECK constraint makes some
+// rows poison) and the inbox.
+func setup(t *testing.T, cfg *config.Config) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, dsn := pgtest.NewPool(t)
+	pgtest.Exec(t, pool, "CREATE SCHEMA app",
+		"CREATE TABLE app.effects (seq bigserial, message_id text NOT NULL, n int CHECK (n >= 0))")
+	store, err := inbox.New(pool, cfg.Sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return pool, dsn
+}
+
+func message(native, body string) source.Message {
+	return source.Message{NativeID: native, Body: []byte(body), Headers: map[string]string{"H": native},
+		PublishedAt: time.Now().Add(-time.Duration(rand.IntN(72)) * time.Hour)}
+}
+
+// withDuplicates returns total messages over unique ids: the rest re-use
+// earlier ids (new native ids, as a producer retry would), in random order.
+func withDuplicates(total, unique int) []source.Message {
+	msgs := make([]source.Message, 0, total)
+	for i := range unique {
+		msgs = append(msgs, message(fmt.Sprintf("n%05d", i), fmt.Sprintf(`{"id":"id-%d","n":%d}`, i, i)))
+	}
+	for i := unique; i < total; i++ {
+		d := rand.IntN(unique)
+		msgs = append(msgs, message(fmt.Sprintf("n%05d", i), fmt.Sprintf(`{"id":"id-%d","n":%d}`, d, d)))
+	}
+	rand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	return msgs
+}
+
+type running struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+	c      *Consumer
+}
+
+func start(t *testing.T, src source.Source, pool *pgxpool.Pool, cfg *config.Config, m *Metrics) *running {
+	t.Helper()
+	c, err := New(src, pool, cfg, m, testr.NewWithOptions(t, testr.Options{Verbosity: 0}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan struct{}), c: c}
+	go func() {
+		defer close(r.done)
+		r.err = c.Run(ctx)
+	}()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *running) stop(t *testing.T) {
+	r.cancel()
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if r.err != nil {
+		t.Fatalf("Run returned %v, want nil on stop", r.err)
+	}
+}
+
+// waitSettled waits until every message was acked; unacked in-flight
+// messages are redelivered now and then, as a broker's ack timeout would.
+func waitSettled(t *testing.T, src *fakeSource, total int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !src.settled(total) {
+		if time.Now().After(deadline) {
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			t.Fatalf("not settled after %s: pending %d, in flight %d, acked %d of %d",
+				timeout, len(src.pending), len(src.inflight), len(src.acked), total)
+		}
+		time.Sleep(100 * time.Millisecond)
+		src.mu.Lock()
+		idle := len(src.pending) == 0 && len(src.inflight) > 0
+		src.mu.Unlock()
+		if idle {
+			time.Sleep(300 * time.Millisecond)
+			if !src.settled(total) {
+				src.redeliver()
+			}
+		}
+	}
+}
+
+// assertExactlyOnce checks that the sink holds exactly one effect per id.
+func assertExactlyOnce(t *testing.T, pool *pgxpool.Pool, unique int) {
+	t.Helper()
+	var rows, distinct int
+	err := pool.QueryRow(context.Background(), "SELECT count(*), count(DISTINCT message_id) FROM app.effects").Scan(&rows, &distinct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != unique || distinct != unique {
+		t.Fatalf("sink holds %d effects for %d distinct ids; want exactly %d", rows, distinct, unique)
+	}
+}
+
+func newMetrics(t *testing.T) *Metrics {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestDuplicatesGiveExactlyOneEffect(t *testing.T) {
+	for _, layout := range []config.Layout{config.LayoutTable, config.LayoutPartitioned} {
+		t.Run(string(layout), func(t *testing.T) {
+			cfg := testConfig(t, layout)
+			pool, _ := setup(t, cfg)
+			const total, unique = 500, 400
+			src := newFakeSource(withDuplicates(total, unique))
+			src.ackErrs = 2 // two batches must be redelivered after a lost ack
+			m := newMetrics(t)
+			r := start(t, src, pool, cfg, m)
+			waitSettled(t, src, total, time.Minute)
+			r.stop(t)
+			assertExactlyOnce(t, pool, unique)
+			if !r.c.Ready() {
+				t.Error("Ready() = false after a successful run")
+			}
+			if got := testutil.ToFloat64(m.AckErrors); got != 2 {
+				t.Errorf("idc_ack_errors_total = %v, want 2", got)
+			}
+			msgs, dups := testutil.ToFloat64(m.Messages), testutil.ToFloat64(m.DuplicatesSkipped)
+			// Redelivered batches add to both counters equally.
+			if msgs-dups != unique {
+				t.Errorf("messages %v - duplicates %v != %d unique", msgs, dups, unique)
+			}
+			if testutil.CollectAndCount(m.DeadLetters) != 0 {
+				t.Error("no message should have been dead-lettered")
+			}
+		})
+	}
+}
+
+// A crash after COMMIT and before the ack: the broker redelivers the batch
+// and the inbox refuses it, so no effect happens twice.
+func TestCrashBetweenCommitAndAck(t *testing.T) {
+	cfg := testConfig(t, config.LayoutTable)
+	pool, _ := setup(t, cfg)
+	const total = 200
+	src := newFakeSource(withDuplicates(total, total))
+	var crashed atomic.Int32
+	AfterCommitHook = func() {
+		if crashed.Add(1) == 2 { // let one batch through, die on the second
+			runtime.Goexit()
+		}
+	}
+	defer func() { AfterCommitHook = nil }()
+	c, err := New(src, pool, cfg, nil, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = c.Run(ctx)
+	}()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the failpoint never fired")
+	}
+	cancel()
+	AfterCommitHook = nil
+	var committed int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM app.effects").Scan(&committed); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	unacked := len(src.inflight)
+	src.mu.Unlock()
+	if committed != 2*cfg.Delivery.BatchSize || unacked != cfg.Delivery.BatchSize {
+		t.Fatalf("at the crash: %d effects committed, %d unacked; want %d and %d", committed, unacked, 2*cfg.Delivery.BatchSize, cfg.Delivery.BatchSize)
+	}
+	src.redeliver()
+	m := newMetrics(t)
+	r := start(t, src, pool, cfg, m)
+	waitSettled(t, src, total, time.Minute)
+	r.stop(t)
+	assertExactlyOnce(t, pool, total)
+	if got := testutil.ToFloat64(m.DuplicatesSkipped); got != float64(cfg.Delivery.BatchSize) {
+		t.Errorf("duplicates skipped after restart = %v, want the %d redelivered", got, cfg.Delivery.BatchSize)
+	}
+}
+
+func TestPoisonMessagesAreDeadLettered(t *testing.T) {
+	cfg := testConfig(t, config.LayoutPartitioned)
+	cfg.Delivery.BatchSize = 50
+	pool, _ := setup(t, cfg)
+	msgs := withDuplicates(30, 30)
+	poison := map[string]string{
+		"p-missing-id":  `{"n":1}`,
+		"p-invalid":     `{"id":"bad-json","n":`,
+		"p-check":       `{"id":"neg","n":-1}`,
+		"p-not-int":     `{"id":"word","n":"abc"}`,
+		"p-missing-col": `{"id":"no-n"}`,
+	}
+	for native, body := range poison {
+		msgs = append(msgs, message(native, body))
+	}
+	rand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	src := newFakeSource(msgs)
+	m := newMetrics(t)
+	r := start(t, src, pool, cfg, m)
+	waitSettled(t, src, len(msgs), time.Minute)
+	// The same poison messages redelivered are not dead-lettered twice.
+	for native, body := range poison {
+		src.pending = append(src.pending, message(native, body))
+	}
+	src.mu.Lock()
+	src.acked = map[string]int{}
+	src.mu.Unlock()
+	waitSettled(t, src, len(poison), time.Minute)
+	r.stop(t)
+	assertExactlyOnce(t, pool, 30)
+	want := map[string]string{
+		"p-missing-id":  "message id: $.id: value missing",
+		"p-invalid":     "message id: $.id: invalid JSON payload",
+		"p-check":       "database: ",
+		"p-not-int":     "database: ",
+		"p-missing-col": "column n: $.n: value missing",
+	}
+	rows, err := pool.Query(context.Background(), "SELECT native_id, reason, coalesce(message_id, ''), payload FROM app.inbox_orders_dead_letters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for rows.Next() {
+		var native, reason, id string
+		var payload []byte
+		if err := rows.Scan(&native, &reason, &id, &payload); err != nil {
+			t.Fatal(err)
+		}
+		if string(payload) != poison[native] {
+			t.Errorf("%s: payload %q not kept", native, payload)
+		}
+		got[native] = reason
+	}
+	if len(got) != len(want) {
+		t.Fatalf("dead letters %v, want one each for %v", got, want)
+	}
+	for native, prefix := range want {
+		if !strings.HasPrefix(got[native], prefix) {
+			t.Errorf("%s: reason %q, want prefix %q", native, got[native], prefix)
+		}
+	}
+	if !strings.Contains(got["p-check"], "check constraint") {
+		t.Errorf("the CHECK violation's reason %q does not name it", got["p-check"])
+	}
+	for class, n := range map[string]float64{ReasonMissingID: 1, ReasonInvalidJSON: 1, ReasonDatabase: 2, ReasonEvaluation: 1} {
+		// The second delivery of each poison message counts again: the
+		// ON CONFLICT keeps the table at one row per native id.
+		if got := testutil.ToFloat64(m.DeadLetters.WithLabelValues(class)); got != 2*n {
+			t.Errorf("idc_dead_letters_total{reason=%q} = %v, want %v", class, got, 2*n)
+		}
+	}
+	// A dead-lettered id is not left claimed: a corrected re-publish applies.
+	var claimed int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM app.inbox_orders WHERE message_id IN ('neg','word','no-n')").Scan(&claimed); err != nil || claimed != 0 {
+		t.Errorf("%d dead-lettered ids left in the inbox (%v)", claimed, err)
+	}
+}
+
+// Killing the consumer's database connections mid-run loses nothing,
+// doubles nothing and dead-letters nothing.
+func TestTerminatedConnectionsLoseAndDoubleNothing(t *testing.T) {
+	cfg := testConfig(t, config.LayoutTable)
+	// One attempt: were a connection failure ever counted against a
+	// message, it would be dead-lettered at once.
+	cfg.Delivery.MaxAttempts = 1
+	pool, dsn := setup(t, cfg)
+	const total = 3000
+	src := newFakeSource(withDuplicates(total, total))
+	r := start(t, src, pool, cfg, newMetrics(t))
+	killer, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer killer.Close(context.Background())
+	var kills atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(20+rand.IntN(40)) * time.Millisecond):
+			}
+			var n int64
+			err := killer.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`).Scan(&n)
+			if err != nil {
+				t.Errorf("while terminating backends: %v", err)
+				return
+			}
+			kills.Add(n)
+		}
+	})
+	waitSettled(t, src, total, 3*time.Minute)
+	close(stop)
+	wg.Wait()
+	r.stop(t)
+	if kills.Load() < 5 {
+		t.Fatalf("only %d backends terminated: the test did not exercise anything", kills.Load())
+	}
+	// The consumer's pool may still hold connections killed at the end.
+	check, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	assertExactlyOnce(t, check, total)
+	var dead int
+	if err := check.QueryRow(context.Background(), "SELECT count(*) FROM app.inbox_orders_dead_letters").Scan(&dead); err != nil || dead != 0 {
+		t.Fatalf("%d messages dead-lettered because the database was down (%v); want 0", dead, err)
+	}
+	t.Logf("%d backends terminated during the run", kills.Load())
+}
+
+// The http effect: each id is called with its Idempotency-Key, a redelivered
+// success is not called again, a 4xx is dead-lettered at once and a record
+// that keeps failing with 5xx after MaxAttempts.
+func TestHTTPEffectOutsideTheTransaction(t *testing.T) {
+	var mu sync.Mutex
+	calls := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ ID string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		calls[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+		switch body.ID {
+		case "refused":
+			w.WriteHeader(http.StatusUnprocessableEntity)
+		case "broken":
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	cfg := testConfig(t, config.LayoutTable)
+	cfg.Sink.Effect = config.Effect{HTTP: &config.HTTP{URL: srv.URL}}
+	cfg.Default()
+	pool, _ := setup(t, cfg)
+	msgs := withDuplicates(20, 20)
+	msgs = append(msgs, message("x1", `{"id":"refused"}`), message("x2", `{"id":"broken"}`))
+	src := newFakeSource(msgs)
+	r := start(t, src, pool, cfg, newMetrics(t))
+	waitSettled(t, src, len(msgs), time.Minute)
+	src.mu.Lock()
+	src.pending = withDuplicates(20, 20)[:5] // redeliveries of ids already called
+	src.acked = map[string]int{}
+	src.mu.Unlock()
+	waitSettled(t, src, 5, time.Minute)
+	r.stop(t)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range 20 {
+		if n := calls[fmt.Sprintf("id-%d", i)]; n != 1 {
+			t.Errorf("id-%d called %d times, want 1", i, n)
+		}
+	}
+	if calls["refused"] != 1 || calls["broken"] != cfg.Delivery.MaxAttempts {
+		t.Errorf("refused called %d times (want 1), broken %d (want %d)", calls["refused"], calls["broken"], cfg.Delivery.MaxAttempts)
+	}
+	var reasons []string
+	rows, _ := pool.Query(context.Background(), "SELECT reason FROM app.inbox_orders_dead_letters ORDER BY native_id")
+	reasons, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(reasons) != 2 || !strings.Contains(reasons[0], "status 422") || !strings.Contains(reasons[1], "status 500") {
+		t.Fatalf("dead letters %q (%v), want the 422 and the 500", reasons, err)
+	}
+	var claimed int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM app.inbox_orders").Scan(&claimed); err != nil || claimed != 20 {
+		t.Fatalf("inbox rows %d (%v), want 20", claimed, err)
+	}
+}
+
+// A stop requested while a batch is in flight still commits and acks it,
+// fetches nothing more, and Run returns nil.
+func TestGracefulStopFinishesTheBatchInFlight(t *testing.T) {
+	cfg := testConfig(t, config.LayoutTable)
+	pool, _ := setup(t, cfg)
+	src := newFakeSource(withDuplicates(100, 100))
+	c, err := New(src, pool, cfg, nil, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	AfterCommitHook = cancel // the stop arrives between commit and ack
+	defer func() { AfterCommitHook = nil }()
+	if err := c.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	src.mu.Lock()
+	acked, inflight, pending := len(src.acked), len(src.inflight), len(src.pending)
+	src.mu.Unlock()
+	if acked != cfg.Delivery.BatchSize || inflight != 0 || pending != 100-cfg.Delivery.BatchSize {
+		t.Fatalf("after stop: %d acked, %d in flight, %d pending; want %d, 0, %d",
+			acked, inflight, pending, cfg.Delivery.BatchSize, 100-cfg.Delivery.BatchSize)
+	}
+	assertExactlyOnce(t, pool, cfg.Delivery.BatchSize)
+}

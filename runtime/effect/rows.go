@@ -1,0 +1,255 @@
+package effect
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/extract"
+)
+
+// rowBuilder turns records into one JSON array of row objects. PostgreSQL
+// reads it with jsonb_populate_recordset(NULL::table, $1), which casts each
+// JSON value to its column's type: the whole batch is one parameter.
+type rowBuilder struct {
+	cols []column
+	keys [][]byte // JSON-quoted column names
+}
+
+func newRowBuilder(cols map[string]string) (rowBuilder, error) {
+	cc, err := compileColumns(cols)
+	if err != nil {
+		return rowBuilder{}, err
+	}
+	b := rowBuilder{cols: cc}
+	for _, c := range cc {
+		k, _ := json.Marshal(c.name) // marshalling a string cannot fail
+		b.keys = append(b.keys, k)
+	}
+	return b, nil
+}
+
+// row renders one record as a JSON object.
+func (b rowBuilder) row(m *Record) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	for i, c := range b.cols {
+		v, err := c.expr.JSON(m)
+		if err != nil {
+			return nil, fmt.Errorf("column %s: %w", c.name, err)
+		}
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		buf.Write(b.keys[i])
+		buf.WriteByte(':')
+		buf.Write(v)
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+func jsonArray(rows [][]byte) []byte {
+	return append(append([]byte{'['}, bytes.Join(rows, []byte{','})...), ']')
+}
+
+func (b rowBuilder) columnList() string {
+	names := make([]string, len(b.cols))
+	for i, c := range b.cols {
+		names[i] = ident(c.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// appendEffect inserts one row per new message.
+type appendEffect struct {
+	rows rowBuilder
+	stmt string
+}
+
+func newAppend(cfg *config.Append, schema string) (*appendEffect, error) {
+	rb, err := newRowBuilder(cfg.Columns)
+	if err != nil {
+		return nil, fmt.Errorf("while building the append effect: %w", err)
+	}
+	table := pgx.Identifier{schema, cfg.Table}.Sanitize()
+	cols := rb.columnList()
+	return &appendEffect{rows: rb, stmt: `INSERT INTO ` + table + ` (` + cols + `) SELECT ` + cols +
+		` FROM jsonb_populate_recordset(NULL::` + table + `, $1::jsonb)`}, nil
+}
+
+func (a *appendEffect) Transactional() bool { return true }
+
+func (a *appendEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
+	var res Result
+	rows := make([][]byte, 0, len(recs))
+	for i, m := range recs {
+		r, err := a.rows.row(m)
+		if err != nil {
+			res.Failed = append(res.Failed, Failure{Index: i, Err: err})
+			continue
+		}
+		rows = append(rows, r)
+	}
+	if len(rows) == 0 {
+		return res, nil
+	}
+	tag, err := tx.Exec(ctx, a.stmt, jsonArray(rows))
+	if err != nil {
+		return res, fmt.Errorf("while appending %d rows: %w", len(rows), err)
+	}
+	res.Applied = int(tag.RowsAffected())
+	return res, nil
+}
+
+// upsertEffect writes the latest state per key behind the sequence gate.
+type upsertEffect struct {
+	rows   rowBuilder
+	keyIdx []int
+	// seq orders records of one key: the sequence column's value, else the
+	// entity sequence, else nil (arrival order: the last one wins).
+	seq  func(*Record) (int64, error)
+	stmt string
+}
+
+func newUpsert(cfg *config.Upsert, schema string, entity *config.Entity) (*upsertEffect, error) {
+	rb, err := newRowBuilder(cfg.Columns)
+	if err != nil {
+		return nil, fmt.Errorf("while building the upsert effect: %w", err)
+	}
+	u := &upsertEffect{rows: rb}
+	for _, k := range cfg.Key {
+		i := slices.IndexFunc(rb.cols, func(c column) bool { return c.name == k })
+		if i < 0 {
+			return nil, fmt.Errorf("while building the upsert effect: key column %q is not among columns", k)
+		}
+		u.keyIdx = append(u.keyIdx, i)
+	}
+	if err := u.setSequence(cfg, entity); err != nil {
+		return nil, err
+	}
+	u.stmt = upsertStatement(rb, pgx.Identifier{schema, cfg.Table}.Sanitize(), cfg.Key, cfg.SequenceColumn)
+	return u, nil
+}
+
+func (u *upsertEffect) setSequence(cfg *config.Upsert, entity *config.Entity) error {
+	switch {
+	case cfg.SequenceColumn != "":
+		i := slices.IndexFunc(u.rows.cols, func(c column) bool { return c.name == cfg.SequenceColumn })
+		if i < 0 {
+			return fmt.Errorf("while building the upsert effect: sequence column %q is not among columns", cfg.SequenceColumn)
+		}
+		expr := u.rows.cols[i].expr
+		u.seq = func(m *Record) (int64, error) { return expr.Int(m) }
+	case entity != nil:
+		x, err := extract.CompileExtractor(entity.Sequence)
+		if err != nil {
+			return fmt.Errorf("while building the upsert effect: entity sequence: %w", err)
+		}
+		u.seq = x.Int
+	}
+	return nil
+}
+
+func upsertStatement(rb rowBuilder, table string, key []string, seqCol string) string {
+	cols := rb.columnList()
+	keys := make([]string, len(key))
+	for i, k := range key {
+		keys[i] = ident(k)
+	}
+	var sets []string
+	for _, c := range rb.cols {
+		if !slices.Contains(key, c.name) {
+			sets = append(sets, ident(c.name)+" = EXCLUDED."+ident(c.name))
+		}
+	}
+	stmt := `INSERT INTO ` + table + ` AS cur (` + cols + `) SELECT ` + cols +
+		` FROM jsonb_populate_recordset(NULL::` + table + `, $1::jsonb) ON CONFLICT (` + strings.Join(keys, ", ") + `) `
+	if len(sets) == 0 {
+		return stmt + `DO NOTHING RETURNING 1`
+	}
+	stmt += `DO UPDATE SET ` + strings.Join(sets, ", ")
+	if seqCol != "" {
+		// The gate: an older or equal sequence never overwrites newer state.
+		// A stored NULL is unknown state and may be replaced.
+		s := ident(seqCol)
+		stmt += ` WHERE cur.` + s + ` IS NULL OR cur.` + s + ` < EXCLUDED.` + s
+	}
+	return stmt + ` RETURNING 1`
+}
+
+func (u *upsertEffect) Transactional() bool { return true }
+
+// candidate is the record currently winning for one key.
+type candidate struct {
+	row []byte
+	seq int64
+}
+
+func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
+	var res Result
+	winners := map[string]candidate{}
+	var order []string // keys in first-seen order, for a stable statement
+	valid := 0
+	for i, m := range recs {
+		key, c, err := u.evaluate(m)
+		if err != nil {
+			res.Failed = append(res.Failed, Failure{Index: i, Err: err})
+			continue
+		}
+		valid++
+		prev, seen := winners[key]
+		if !seen {
+			order = append(order, key)
+		}
+		// Without a sequence the later record wins; with one, the higher
+		// sequence wins and a tie keeps the earlier record.
+		if !seen || u.seq == nil || c.seq > prev.seq {
+			winners[key] = c
+		}
+	}
+	if len(winners) == 0 {
+		return res, nil
+	}
+	rows := make([][]byte, len(order))
+	for i, k := range order {
+		rows[i] = winners[k].row
+	}
+	tag, err := tx.Exec(ctx, u.stmt, jsonArray(rows))
+	if err != nil {
+		return res, fmt.Errorf("while upserting %d rows: %w", len(rows), err)
+	}
+	res.Applied = int(tag.RowsAffected())
+	res.Stale = valid - res.Applied
+	return res, nil
+}
+
+func (u *upsertEffect) evaluate(m *Record) (string, candidate, error) {
+	var c candidate
+	var err error
+	if c.row, err = u.rows.row(m); err != nil {
+		return "", c, err
+	}
+	if u.seq != nil {
+		if c.seq, err = u.seq(m); err != nil {
+			return "", c, fmt.Errorf("sequence: %w", err)
+		}
+	}
+	parts := make([]string, len(u.keyIdx))
+	for i, k := range u.keyIdx {
+		col := u.rows.cols[k]
+		if parts[i], err = col.expr.Text(m); err != nil {
+			return "", c, fmt.Errorf("key column %s: %w", col.name, err)
+		}
+	}
+	// NUL cannot occur in PostgreSQL text, so it separates key parts safely.
+	return strings.Join(parts, "\x00"), c, nil
+}

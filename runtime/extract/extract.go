@@ -1,0 +1,337 @@
+// Package extract evaluates the value expressions of the runtime config
+// ("$.a.b", "@messageId", "@publishedAt", "@payload", "@header:<Name>") and the
+// message id / entity extractors against one delivered message. JSON paths
+// are read with gjson straight from the raw payload: nothing is decoded in
+// full on the hot path.
+package extract
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+var (
+	// ErrMissing means the expression names a value the message does not have.
+	ErrMissing = errors.New("value missing")
+	// ErrInvalidJSON means a JSON path was used on a payload that is not JSON.
+	ErrInvalidJSON = errors.New("invalid JSON payload")
+	// ErrNotInteger means a value that must be an integer (a sequence) is not.
+	ErrNotInteger = errors.New("value is not an integer")
+)
+
+// Message is one delivery plus the dedup id extracted from it; expressions
+// are evaluated against it. Create it with NewMessage.
+type Message struct {
+	source.Message
+	// ID is the extracted dedup id, empty until the caller sets it.
+	ID string
+
+	jsonChecked bool
+	jsonValid   bool
+}
+
+// NewMessage wraps a delivery for evaluation.
+func NewMessage(m source.Message) *Message { return &Message{Message: m} }
+
+// ValidJSON reports whether the payload is JSON; the scan is done once per
+// message however many expressions read it.
+func (m *Message) ValidJSON() bool {
+	if !m.jsonChecked {
+		m.jsonValid = gjson.ValidBytes(m.Body)
+		m.jsonChecked = true
+	}
+	return m.jsonValid
+}
+
+func (m *Message) header(name string) (string, bool) {
+	if v, ok := m.Headers[name]; ok {
+		return v, true
+	}
+	// Brokers differ on header case (NATS and AMQP keep it, HTTP-style
+	// gateways canonicalize it), so fall back to a case-insensitive match.
+	for k, v := range m.Headers {
+		if strings.EqualFold(k, name) {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+type exprKind int
+
+const (
+	kindJSONPath exprKind = iota
+	kindMessageID
+	kindPublishedAt
+	kindPayload
+	kindHeader
+)
+
+// Expr is a compiled value expression.
+type Expr struct {
+	src    string
+	kind   exprKind
+	path   string // gjson path for kindJSONPath
+	header string // header name for kindHeader
+}
+
+// Compile checks and compiles a value expression.
+func Compile(expr string) (Expr, error) {
+	if err := config.ValidateExpression(expr); err != nil {
+		return Expr{}, fmt.Errorf("while compiling value expression: %w", err)
+	}
+	e := Expr{src: expr}
+	switch {
+	case expr == "@messageId":
+		e.kind = kindMessageID
+	case expr == "@publishedAt":
+		e.kind = kindPublishedAt
+	case expr == "@payload":
+		e.kind = kindPayload
+	case strings.HasPrefix(expr, "@header:"):
+		e.kind, e.header = kindHeader, strings.TrimPrefix(expr, "@header:")
+	default:
+		e.kind, e.path = kindJSONPath, GJSONPath(expr)
+	}
+	return e, nil
+}
+
+// MustCompile is Compile for expressions known to be valid (tests, constants).
+func MustCompile(expr string) Expr {
+	e, err := Compile(expr)
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
+
+// String returns the source text of the expression.
+func (e Expr) String() string { return e.src }
+
+// GJSONPath converts "$.a.b" into a gjson path, escaping every character
+// gjson would otherwise read as syntax (wildcards, modifiers, queries), so a
+// field literally named "a*" or "@this" is read as a plain key. "$" alone is
+// the whole document.
+func GJSONPath(expr string) string {
+	rest := strings.TrimPrefix(strings.TrimPrefix(expr, "$"), ".")
+	if rest == "" {
+		return "@this"
+	}
+	parts := strings.Split(rest, ".")
+	for i, p := range parts {
+		parts[i] = gjson.Escape(p)
+	}
+	return strings.Join(parts, ".")
+}
+
+// JSON returns the value as a JSON fragment, the form jsonb_populate_recordset
+// casts to column types. A JSON null is returned as "null".
+func (e Expr) JSON(m *Message) (json.RawMessage, error) {
+	switch e.kind {
+	case kindMessageID:
+		return quote(m.ID), nil
+	case kindPublishedAt:
+		if m.PublishedAt.IsZero() {
+			return nil, fmt.Errorf("%s: %w", e.src, ErrMissing)
+		}
+		return quote(m.PublishedAt.UTC().Format(time.RFC3339Nano)), nil
+	case kindPayload:
+		if !m.ValidJSON() {
+			return nil, fmt.Errorf("%s: %w", e.src, ErrInvalidJSON)
+		}
+		return json.RawMessage(m.Body), nil
+	case kindHeader:
+		v, ok := m.header(e.header)
+		if !ok {
+			return nil, fmt.Errorf("header %q: %w", e.header, ErrMissing)
+		}
+		return quote(v), nil
+	}
+	r, err := e.lookup(m)
+	if err != nil {
+		return nil, err
+	}
+	return json.RawMessage(r.Raw), nil
+}
+
+// Param returns the value for a bound statement parameter: text that
+// PostgreSQL parses into the parameter's type, or nil for a JSON null.
+// Objects and arrays are passed as their JSON text.
+func (e Expr) Param(m *Message) (any, error) {
+	switch e.kind {
+	case kindJSONPath:
+		r, err := e.lookup(m)
+		if err != nil {
+			return nil, err
+		}
+		if r.Type == gjson.Null {
+			return nil, nil
+		}
+		if r.Type == gjson.String {
+			return r.Str, nil
+		}
+		// Numbers keep their exact text: PostgreSQL parses it into numeric
+		// without the float64 rounding a canonical form could introduce.
+		return r.Raw, nil
+	case kindPayload:
+		if !m.ValidJSON() {
+			return nil, fmt.Errorf("%s: %w", e.src, ErrInvalidJSON)
+		}
+		return string(m.Body), nil
+	}
+	raw, err := e.JSON(m)
+	if err != nil {
+		return nil, err
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, fmt.Errorf("while decoding %s: %w", e.src, err)
+	}
+	return s, nil
+}
+
+// Text returns the value as text: a string without quotes, a number in its
+// canonical form ("1e3" and "1000.0" are both "1000"). A JSON null or an
+// absent value is ErrMissing: an id or key must exist.
+func (e Expr) Text(m *Message) (string, error) {
+	if e.kind == kindJSONPath {
+		r, err := e.lookup(m)
+		if err != nil {
+			return "", err
+		}
+		if r.Type == gjson.Null {
+			return "", fmt.Errorf("%s is null: %w", e.src, ErrMissing)
+		}
+		return resultText(r), nil
+	}
+	v, err := e.Param(m)
+	if err != nil {
+		return "", err
+	}
+	return v.(string), nil
+}
+
+// Int returns the value as an integer: a JSON integer, or a string holding one
+// (headers are always strings).
+func (e Expr) Int(m *Message) (int64, error) {
+	s, err := e.Text(m)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s = %q: %w", e.src, truncate(s, 40), ErrNotInteger)
+	}
+	return n, nil
+}
+
+func (e Expr) lookup(m *Message) (gjson.Result, error) {
+	if !m.ValidJSON() {
+		return gjson.Result{}, fmt.Errorf("%s: %w", e.src, ErrInvalidJSON)
+	}
+	r := gjson.GetBytes(m.Body, e.path)
+	if !r.Exists() {
+		return gjson.Result{}, fmt.Errorf("%s: %w", e.src, ErrMissing)
+	}
+	return r, nil
+}
+
+func resultText(r gjson.Result) string {
+	switch r.Type {
+	case gjson.String:
+		return r.Str
+	case gjson.Number:
+		return CanonicalNumber(r.Raw)
+	}
+	return r.Raw
+}
+
+// CanonicalNumber renders a JSON number so that equal values give equal text:
+// integers exactly (any size, no exponent, "-0" is "0"), other values as the
+// shortest decimal that round-trips through float64.
+func CanonicalNumber(raw string) string {
+	r, ok := new(big.Rat).SetString(raw)
+	if !ok {
+		return raw
+	}
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	f, _ := r.Float64()
+	return strconv.FormatFloat(f, 'f', -1, 64)
+}
+
+func quote(s string) json.RawMessage {
+	b, _ := json.Marshal(s) // marshalling a string cannot fail
+	return b
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Extractor reads the message id, entity key or sequence (config.Extractor).
+type Extractor struct {
+	expr         Expr
+	brokerNative bool
+}
+
+// CompileExtractor compiles a config extractor: a header, a JSON path, or the
+// broker's native id.
+func CompileExtractor(x config.Extractor) (Extractor, error) {
+	switch {
+	case x.BrokerNative:
+		return Extractor{brokerNative: true}, nil
+	case x.Header != "":
+		return Extractor{expr: Expr{src: "@header:" + x.Header, kind: kindHeader, header: x.Header}}, nil
+	case x.JSONPath != "":
+		e, err := Compile(x.JSONPath)
+		if err != nil {
+			return Extractor{}, err
+		}
+		if e.kind != kindJSONPath {
+			return Extractor{}, fmt.Errorf("while compiling extractor: %q is not a JSON path", x.JSONPath)
+		}
+		return Extractor{expr: e}, nil
+	}
+	return Extractor{}, errors.New("while compiling extractor: none of header, jsonPath, brokerNative is set")
+}
+
+// Text returns the extracted value as text; empty is ErrMissing.
+func (x Extractor) Text(m *Message) (string, error) {
+	if x.brokerNative {
+		if m.NativeID == "" {
+			return "", fmt.Errorf("broker native id: %w", ErrMissing)
+		}
+		return m.NativeID, nil
+	}
+	s, err := x.expr.Text(m)
+	if err != nil {
+		return "", err
+	}
+	if s == "" {
+		return "", fmt.Errorf("%s is empty: %w", x.expr.src, ErrMissing)
+	}
+	return s, nil
+}
+
+// Int returns the extracted value as an integer (entity sequence).
+func (x Extractor) Int(m *Message) (int64, error) {
+	if x.brokerNative {
+		return 0, errors.New("broker native id is not a sequence")
+	}
+	return x.expr.Int(m)
+}

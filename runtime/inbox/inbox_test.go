@@ -1,0 +1,386 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/internal/pgtest"
+)
+
+var layouts = []config.Layout{config.LayoutTable, config.LayoutPartitioned}
+
+func newStore(t *testing.T, pool *pgxpool.Pool, layout config.Layout) *Store {
+	t.Helper()
+	s, err := New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_orders", Layout: layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func migrated(t *testing.T, layout config.Layout) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	pool, _ := pgtest.NewPool(t)
+	s := newStore(t, pool, layout)
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.EnsurePartitions(context.Background(), time.Now().AddDate(0, 0, -3), 6); err != nil {
+		t.Fatal(err)
+	}
+	return s, pool
+}
+
+func claim(t *testing.T, s *Store, pool *pgxpool.Pool, claims ...Claim) map[string]struct{} {
+	t.Helper()
+	got, err := claimTx(s, pool, claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func claimTx(s *Store, pool *pgxpool.Pool, claims []Claim) (got map[string]struct{}, err error) {
+	ctx := context.Background()
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		got, err = s.Claim(ctx, tx, claims)
+		return err
+	})
+	return got, err
+}
+
+func ids(claims ...string) []Claim {
+	out := make([]Claim, len(claims))
+	for i, id := range claims {
+		out[i] = Claim{MessageID: id, PublishedAt: time.Now()}
+	}
+	return out
+}
+
+func assertSet(t *testing.T, got map[string]struct{}, want ...string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for _, w := range want {
+		if _, ok := got[w]; !ok {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(string(layout), func(t *testing.T) {
+			ctx := context.Background()
+			pool, _ := pgtest.NewPool(t)
+			s := newStore(t, pool, layout)
+			if v, err := s.SchemaVersion(ctx); err != nil || v != 0 {
+				t.Fatalf("SchemaVersion before migrate = %d, %v; want 0", v, err)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 3)
+			for range 3 {
+				wg.Go(func() { errs <- s.Migrate(ctx) })
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatalf("concurrent migrate: %v", err)
+				}
+			}
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("second migrate: %v", err)
+			}
+			if v, err := s.SchemaVersion(ctx); err != nil || v != SchemaVersion {
+				t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, SchemaVersion)
+			}
+			other := config.LayoutPartitioned
+			if layout == other {
+				other = config.LayoutTable
+			}
+			if err := newStore(t, pool, other).Migrate(ctx); err == nil {
+				t.Fatalf("migrating a %s inbox as %s must fail", layout, other)
+			}
+			for _, table := range []string{"inbox_orders", "inbox_orders_dead_letters", "inbox_orders_prune_runs", "inbox_orders_meta"} {
+				var ok bool
+				if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", "idc."+table).Scan(&ok); err != nil || !ok {
+					t.Errorf("table idc.%s missing after migrate (%v)", table, err)
+				}
+			}
+		})
+	}
+}
+
+func TestClaimInBatchAndCrossBatchDuplicates(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(string(layout), func(t *testing.T) {
+			s, pool := migrated(t, layout)
+			assertSet(t, claim(t, s, pool, ids("a", "b", "a", "c", "b")...), "a", "b", "c")
+			assertSet(t, claim(t, s, pool, ids("c", "d", "a", "e")...), "d", "e")
+			assertSet(t, claim(t, s, pool, ids("a", "b", "c", "d", "e")...))
+			var n int
+			if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM idc.inbox_orders").Scan(&n); err != nil || n != 5 {
+				t.Fatalf("inbox rows = %d, %v; want 5", n, err)
+			}
+		})
+	}
+}
+
+func TestClaimRolledBackIsNotKept(t *testing.T) {
+	s, pool := migrated(t, config.LayoutTable)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, tx, ids("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertSet(t, claim(t, s, pool, ids("x")...), "x")
+}
+
+func TestPartitionedRefusesIDFromAnotherPartition(t *testing.T) {
+	s, pool := migrated(t, config.LayoutPartitioned)
+	today := Day(time.Now())
+	assertSet(t, claim(t, s, pool, Claim{MessageID: "m1", PublishedAt: today.Add(-30 * time.Hour)}), "m1")
+	assertSet(t, claim(t, s, pool, Claim{MessageID: "m1", PublishedAt: today.Add(2 * time.Hour)}))
+	assertSet(t, claim(t, s, pool, Claim{MessageID: "m1", PublishedAt: today.Add(-30 * time.Hour)}))
+	assertSet(t, claim(t, s, pool, Claim{MessageID: "m2", PublishedAt: today.Add(2 * time.Hour)}), "m2")
+}
+
+// Three replicas claim overlapping ids at once (for the Partitioned layout
+// each under a different publish day): every id must be claimed exactly once.
+func TestConcurrentClaimsClaimEachIDOnce(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(string(layout), func(t *testing.T) {
+			s, pool := migrated(t, layout)
+			const universe = 300
+			var mu sync.Mutex
+			claimedBy := map[string]int{}
+			var wg sync.WaitGroup
+			for w := range 3 {
+				wg.Go(func() {
+					order := rand.Perm(universe)
+					for start := 0; start < universe; start += 25 {
+						batch := make([]Claim, 0, 25)
+						for _, n := range order[start : start+25] {
+							batch = append(batch, Claim{
+								MessageID:   fmt.Sprintf("id-%d", n),
+								PublishedAt: time.Now().AddDate(0, 0, -w),
+							})
+						}
+						got, err := claimTx(s, pool, batch)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						mu.Lock()
+						for id := range got {
+							claimedBy[id]++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if len(claimedBy) != universe {
+				t.Fatalf("%d ids claimed, want %d", len(claimedBy), universe)
+			}
+			for id, n := range claimedBy {
+				if n != 1 {
+					t.Errorf("%s claimed %d times", id, n)
+				}
+			}
+		})
+	}
+}
+
+func TestExistingUnclaimAndDeadLetter(t *testing.T) {
+	s, pool := migrated(t, config.LayoutTable)
+	ctx := context.Background()
+	claim(t, s, pool, ids("a", "b")...)
+	got, err := s.Existing(ctx, pool, []string{"a", "z", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertSet(t, got, "a", "b")
+	dl := DeadLetter{MessageID: "", NativeID: "S:1", Reason: "id: value missing\x00", Payload: []byte{0xff, 0},
+		Headers: map[string]string{"k": "v\xff"}, Attempts: 1, PublishedAt: time.Now()}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := s.Unclaim(ctx, tx, []string{"a"}); err != nil {
+			return err
+		}
+		return s.DeadLetter(ctx, tx, []DeadLetter{dl, dl, {NativeID: "", Reason: "no native id"}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A redelivery of the same poison message is not dead-lettered twice.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return s.DeadLetter(ctx, tx, []DeadLetter{dl}) }); err != nil {
+		t.Fatal(err)
+	}
+	var n, nullIDs int
+	if err := pool.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE message_id IS NULL) FROM idc.inbox_orders_dead_letters").Scan(&n, &nullIDs); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || nullIDs != 2 {
+		t.Fatalf("dead letters = %d (null ids %d), want 2 (2)", n, nullIDs)
+	}
+	got, err = s.Existing(ctx, pool, []string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertSet(t, got, "b")
+}
+
+func TestPruneTableDeletesOnlyOlderThanCutoff(t *testing.T) {
+	s, pool := migrated(t, config.LayoutTable)
+	ctx := context.Background()
+	const window = 48 * time.Hour
+	// 3000 rows spread ±2h around the cutoff, at random.
+	pgtest.Exec(t, pool, fmt.Sprintf(`INSERT INTO idc.inbox_orders (message_id, processed_at)
+		SELECT 'id-' || g, now() - interval '%d seconds' + (random() * 4 - 2) * interval '1 hour'
+		FROM generate_series(1, 3000) g`, int(window.Seconds())))
+	var olderBefore int64
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idc.inbox_orders WHERE processed_at < now() - interval '48 hours'").Scan(&olderBefore); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.PruneTable(ctx, window, 97, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var older, younger int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE processed_at < $1), count(*) FILTER (WHERE processed_at >= $1)
+		FROM idc.inbox_orders`, res.Cutoff).Scan(&older, &younger); err != nil {
+		t.Fatal(err)
+	}
+	if older != 0 {
+		t.Errorf("%d rows older than the cutoff survived", older)
+	}
+	if younger+res.RowsDeleted != 3000 {
+		t.Errorf("deleted %d + kept %d != 3000: something younger than the cutoff was deleted", res.RowsDeleted, younger)
+	}
+	// The cutoff is taken a moment after the count above, so it may cover a
+	// few more rows, never fewer.
+	if res.RowsDeleted < olderBefore || res.RowsDeleted < 1000 {
+		t.Errorf("RowsDeleted = %d, want >= %d", res.RowsDeleted, olderBefore)
+	}
+	if d := time.Since(res.Cutoff) - window; d < -time.Minute || d > time.Minute {
+		t.Errorf("cutoff %s is not now()-48h", res.Cutoff)
+	}
+	run, err := s.LastPruneRun(ctx)
+	if err != nil || run == nil {
+		t.Fatalf("LastPruneRun = %v, %v", run, err)
+	}
+	if run.RowsDeleted != res.RowsDeleted || run.FinishedAt == nil || run.Error != "" || run.Window != window || !run.Cutoff.Equal(res.Cutoff) {
+		t.Errorf("prune run recorded as %+v, result %+v", run, res)
+	}
+	// A zero maxDuration deletes nothing but is still recorded.
+	if res, err := s.PruneTable(ctx, time.Hour, 10, 0); err != nil || res.RowsDeleted != 0 {
+		t.Errorf("PruneTable with no time = %+v, %v", res, err)
+	}
+	if next, _ := s.LastPruneRun(ctx); next == nil || next.ID <= run.ID {
+		t.Errorf("second run not recorded: %+v", next)
+	}
+}
+
+func TestPrunePartitionsDropsWholeOldDays(t *testing.T) {
+	s, pool := migrated(t, config.LayoutPartitioned)
+	ctx := context.Background()
+	today := Day(time.Now())
+	if err := s.EnsurePartitions(ctx, today.AddDate(0, 0, -10), 12); err != nil {
+		t.Fatal(err)
+	}
+	for d := -10; d <= 1; d++ {
+		claim(t, s, pool, Claim{MessageID: fmt.Sprintf("m%d", d), PublishedAt: today.AddDate(0, 0, d).Add(time.Hour)})
+	}
+	if _, err := s.PruneTable(ctx, time.Hour, 10, time.Minute); err == nil {
+		t.Error("PruneTable must refuse a Partitioned inbox")
+	}
+	const window = 4 * 24 * time.Hour
+	res, err := s.PrunePartitions(ctx, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := s.listPartitions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if !p.day.AddDate(0, 0, 1).After(res.Cutoff) {
+			t.Errorf("partition %s is entirely older than cutoff %s but was kept", p.name, res.Cutoff)
+		}
+	}
+	// Days -10..-5 end before now-4d; day -4 ends after it unless the test
+	// runs exactly at midnight.
+	if res.PartitionsDropped != 6 || parts[0].day != today.AddDate(0, 0, -4) {
+		t.Errorf("dropped %d partitions, oldest left %v; want 6 dropped, oldest %v", res.PartitionsDropped, parts[0].day, today.AddDate(0, 0, -4))
+	}
+	run, err := s.LastPruneRun(ctx)
+	if err != nil || run == nil || run.PartitionsDropped != 6 || run.Error != "" {
+		t.Fatalf("LastPruneRun = %+v, %v", run, err)
+	}
+	// A message of a pruned day re-creates its partition on demand.
+	old := today.AddDate(0, 0, -9)
+	if err := s.EnsurePartitionsFor(ctx, []time.Time{old}); err != nil {
+		t.Fatal(err)
+	}
+	assertSet(t, claim(t, s, pool, Claim{MessageID: "late", PublishedAt: old}), "late")
+}
+
+func TestStatsAndDrop(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(string(layout), func(t *testing.T) {
+			s, pool := migrated(t, layout)
+			ctx := context.Background()
+			claim(t, s, pool, ids("a", "b", "c")...)
+			pgtest.Exec(t, pool, "UPDATE idc.inbox_orders SET processed_at = now() - interval '1 hour' WHERE message_id = 'a'", "ANALYZE idc.inbox_orders")
+			st, err := s.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.OldestAge < 59*time.Minute || st.OldestAge > 61*time.Minute {
+				t.Errorf("OldestAge = %s, want ~1h", st.OldestAge)
+			}
+			if st.Rows < 0 || st.Rows > 4 {
+				t.Errorf("Rows = %d, want an estimate of 3", st.Rows)
+			}
+			for range 2 {
+				if err := s.Drop(ctx); err != nil {
+					t.Fatalf("Drop: %v", err)
+				}
+			}
+			var left int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = 'idc'").Scan(&left); err != nil || left != 0 {
+				t.Fatalf("%d tables left after Drop (%v)", left, err)
+			}
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("migrate after drop: %v", err)
+			}
+		})
+	}
+}
+
+func TestDerivedNameStaysDistinct(t *testing.T) {
+	long := "a234567890123456789012345678901234567890123456789012345678901"
+	a, b := DerivedName(long, "_p20240101"), DerivedName(long, "_p20240102")
+	if len(a) > 63 || a == b {
+		t.Fatalf("derived names %q, %q must be distinct and at most 63 bytes", a, b)
+	}
+	if got := DerivedName("inbox", "_meta"); got != "inbox_meta" {
+		t.Fatalf("DerivedName = %q", got)
+	}
+}

@@ -1,0 +1,147 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// Migrate creates the schema and every table of this inbox if missing and
+// records the schema version. It is idempotent and safe to run from several
+// replicas at once (they serialize on an advisory lock). It refuses an
+// existing inbox of the other layout: the layout cannot change in place.
+func (s *Store) Migrate(ctx context.Context) error {
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := execAll(ctx, tx, s.ddl()); err != nil {
+			return err
+		}
+		return s.recordVersion(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
+	}
+	return nil
+}
+
+func (s *Store) ddl() []string {
+	n := s.names
+	stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + ident(n.Schema)}
+	if s.layout == config.LayoutPartitioned {
+		// published_on comes from the broker's stored publish time, stable
+		// across redeliveries, so a message always maps to one partition.
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.inbox+` (
+			message_id   text NOT NULL,
+			published_on date NOT NULL,
+			processed_at timestamptz NOT NULL DEFAULT now(),
+			PRIMARY KEY (message_id, published_on)
+		) PARTITION BY RANGE (published_on)`)
+	} else {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.inbox+` (
+			message_id   text PRIMARY KEY,
+			processed_at timestamptz NOT NULL DEFAULT now()
+		)`)
+	}
+	return append(stmts,
+		// The index serves batched pruning (Table) and the oldest-row gauge.
+		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Inbox, "_processed_at_idx"))+
+			` ON `+s.inbox+` (processed_at)`,
+		`CREATE TABLE IF NOT EXISTS `+s.deadLetters+` (
+			id           bigserial PRIMARY KEY,
+			message_id   text NULL,
+			native_id    text,
+			reason       text NOT NULL,
+			payload      bytea,
+			headers      jsonb,
+			attempts     int,
+			published_at timestamptz,
+			dead_at      timestamptz NOT NULL DEFAULT now(),
+			CONSTRAINT `+ident(DerivedName(n.DeadLetters, "_native_id_key"))+` UNIQUE (native_id)
+		)`,
+		`CREATE TABLE IF NOT EXISTS `+s.pruneRuns+` (
+			id                 bigserial PRIMARY KEY,
+			started_at         timestamptz NOT NULL DEFAULT now(),
+			finished_at        timestamptz,
+			cutoff             timestamptz NOT NULL,
+			rows_deleted       bigint NOT NULL DEFAULT 0,
+			partitions_dropped int NOT NULL DEFAULT 0,
+			window_seconds     bigint NOT NULL,
+			error              text
+		)`,
+		`CREATE TABLE IF NOT EXISTS `+s.meta+` (
+			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+			schema_version int NOT NULL,
+			layout         text NOT NULL,
+			migrated_at    timestamptz NOT NULL DEFAULT now()
+		)`,
+	)
+}
+
+func (s *Store) recordVersion(ctx context.Context, tx pgx.Tx) error {
+	var layout string
+	var version int
+	err := tx.QueryRow(ctx, `SELECT layout, schema_version FROM `+s.meta).Scan(&layout, &version)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		_, err = tx.Exec(ctx, `INSERT INTO `+s.meta+` (schema_version, layout) VALUES ($1, $2)`,
+			SchemaVersion, string(s.layout))
+		if err != nil {
+			return fmt.Errorf("while recording the schema version: %w", err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("while reading the schema version: %w", err)
+	case layout != string(s.layout):
+		return fmt.Errorf("inbox exists with layout %s, config asks for %s: the layout cannot change in place", layout, s.layout)
+	case version > SchemaVersion:
+		return fmt.Errorf("inbox schema version %d is newer than this runtime's %d", version, SchemaVersion)
+	}
+	_, err = tx.Exec(ctx, `UPDATE `+s.meta+` SET schema_version = $1, migrated_at = now()`, SchemaVersion)
+	if err != nil {
+		return fmt.Errorf("while recording the schema version: %w", err)
+	}
+	return nil
+}
+
+// SchemaVersion returns the version recorded by Migrate, or 0 when the inbox
+// has not been migrated.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.meta).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("while looking for the inbox meta table: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	err := s.pool.QueryRow(ctx, `SELECT schema_version FROM `+s.meta).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("while reading the schema version: %w", err)
+	}
+	return v, nil
+}
+
+// Drop removes every table of this inbox (deletionPolicy: Delete). The
+// schema is kept: it may hold the user's own tables. Idempotent.
+func (s *Store) Drop(ctx context.Context) error {
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		// Dropping the partitioned parent drops its partitions too.
+		return execAll(ctx, tx, []string{
+			"DROP TABLE IF EXISTS " + s.inbox,
+			"DROP TABLE IF EXISTS " + s.deadLetters,
+			"DROP TABLE IF EXISTS " + s.pruneRuns,
+			"DROP TABLE IF EXISTS " + s.meta,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("while dropping inbox %s: %w", s.inbox, err)
+	}
+	s.partitions.reset()
+	return nil
+}

@@ -1,0 +1,187 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// PruneResult is what one prune run did.
+type PruneResult struct {
+	Cutoff            time.Time
+	RowsDeleted       int64
+	PartitionsDropped int
+}
+
+// PruneRun is one row of <inbox>_prune_runs.
+type PruneRun struct {
+	ID                int64
+	StartedAt         time.Time
+	FinishedAt        *time.Time
+	Cutoff            time.Time
+	RowsDeleted       int64
+	PartitionsDropped int
+	Window            time.Duration
+	// Error is empty for a run that succeeded.
+	Error string
+}
+
+// recordTimeout bounds writing the outcome of a run whose context ended.
+const recordTimeout = 10 * time.Second
+
+// PruneTable deletes inbox rows processed before now()-window (database
+// clock: the pods' clocks do not matter), batchSize rows per statement, until
+// none are left or maxDuration has passed. Each batch is its own short
+// transaction and skips rows a claim has locked, so pruning never blocks the
+// consumer. The run is recorded in the prune-runs table, failed or not.
+func (s *Store) PruneTable(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (PruneResult, error) {
+	if batchSize < 1 {
+		return PruneResult{}, fmt.Errorf("while pruning: batch size must be positive, got %d", batchSize)
+	}
+	if s.layout == config.LayoutPartitioned {
+		// ctid is only unique within one partition: the ctid-batched delete
+		// would hit unrelated rows of other partitions.
+		return PruneResult{}, errors.New("while pruning: a Partitioned inbox is pruned with PrunePartitions")
+	}
+	run, res, err := s.startRun(ctx, window)
+	if err != nil {
+		return res, err
+	}
+	deadline := time.Now().Add(maxDuration)
+	stmt := `DELETE FROM ` + s.inbox + ` WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM ` + s.inbox + ` WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	for time.Now().Before(deadline) {
+		tag, execErr := s.pool.Exec(ctx, stmt, res.Cutoff, batchSize)
+		if execErr != nil {
+			err = fmt.Errorf("while deleting a batch of inbox rows: %w", execErr)
+			break
+		}
+		res.RowsDeleted += tag.RowsAffected()
+		if tag.RowsAffected() == 0 {
+			break
+		}
+	}
+	return res, s.finishRun(ctx, run, res, err)
+}
+
+// PrunePartitions drops the day partitions whose whole range lies before
+// now()-window: constant time, no row deletes, no bloat. The cutoff is
+// compared with the publish day, the partition key. The run is recorded.
+func (s *Store) PrunePartitions(ctx context.Context, window time.Duration) (PruneResult, error) {
+	run, res, err := s.startRun(ctx, window)
+	if err != nil {
+		return res, err
+	}
+	parts, err := s.listPartitions(ctx)
+	for _, p := range parts {
+		if err != nil || p.day.AddDate(0, 0, 1).After(res.Cutoff) {
+			break
+		}
+		err = s.dropPartition(ctx, p.name)
+		if err == nil {
+			res.PartitionsDropped++
+		}
+	}
+	// A dropped day must be re-created if a message of that day still shows up.
+	s.partitions.reset()
+	return res, s.finishRun(ctx, run, res, err)
+}
+
+func (s *Store) dropPartition(ctx context.Context, name string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// DROP needs an exclusive lock on the parent; waiting behind a long
+		// claim would queue every new claim behind the DROP. Give up instead
+		// and let the next run retry.
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'"); err != nil {
+			return fmt.Errorf("while setting the lock timeout: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+qualify(s.names.Schema, name)); err != nil {
+			return fmt.Errorf("while dropping partition %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+func (s *Store) startRun(ctx context.Context, window time.Duration) (int64, PruneResult, error) {
+	if window <= 0 {
+		return 0, PruneResult{}, fmt.Errorf("while pruning: window must be positive, got %s", window)
+	}
+	var id int64
+	var res PruneResult
+	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.pruneRuns+` (cutoff, window_seconds)
+		VALUES (now() - $1::bigint * interval '1 microsecond', $2) RETURNING id, cutoff`,
+		window.Microseconds(), int64(window/time.Second)).Scan(&id, &res.Cutoff)
+	if err != nil {
+		return 0, res, fmt.Errorf("while recording the start of a prune run: %w", err)
+	}
+	return id, res, nil
+}
+
+func (s *Store) finishRun(ctx context.Context, id int64, res PruneResult, runErr error) error {
+	var errText *string
+	if runErr != nil {
+		t := runErr.Error()
+		errText = &t
+	}
+	// Record even when ctx ended: an interrupted run is worth seeing.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	_, err := s.pool.Exec(rctx, `UPDATE `+s.pruneRuns+` SET finished_at = now(),
+		rows_deleted = $2, partitions_dropped = $3, error = $4 WHERE id = $1`,
+		id, res.RowsDeleted, res.PartitionsDropped, errText)
+	if err != nil {
+		err = fmt.Errorf("while recording the end of a prune run: %w", err)
+	}
+	return errors.Join(runErr, err)
+}
+
+// LastPruneRun returns the latest recorded prune run, or nil if none ran.
+func (s *Store) LastPruneRun(ctx context.Context) (*PruneRun, error) {
+	var r PruneRun
+	var windowSeconds int64
+	var errText *string
+	err := s.pool.QueryRow(ctx, `SELECT id, started_at, finished_at, cutoff, rows_deleted,
+		partitions_dropped, window_seconds, error FROM `+s.pruneRuns+` ORDER BY id DESC LIMIT 1`).Scan(
+		&r.ID, &r.StartedAt, &r.FinishedAt, &r.Cutoff, &r.RowsDeleted, &r.PartitionsDropped, &windowSeconds, &errText)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("while reading the last prune run: %w", err)
+	}
+	r.Window = time.Duration(windowSeconds) * time.Second
+	if errText != nil {
+		r.Error = *errText
+	}
+	return &r, nil
+}
+
+// Stats is a cheap snapshot of the inbox for metrics.
+type Stats struct {
+	// Rows is the live-row estimate from the statistics collector (exact
+	// counts would scan the table).
+	Rows int64
+	// OldestAge is now() minus the oldest processed_at, 0 when empty.
+	OldestAge time.Duration
+}
+
+// Stats reads the row estimate and the age of the oldest row (an index scan).
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	var ageSeconds float64
+	err := s.pool.QueryRow(ctx, `SELECT
+		(SELECT coalesce(sum(n_live_tup), 0)::bigint FROM pg_stat_user_tables
+			WHERE relid = $1::regclass OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = $1::regclass)),
+		(SELECT coalesce(extract(epoch FROM now() - min(processed_at)), 0)::float8 FROM `+s.inbox+`)`,
+		s.inbox).Scan(&st.Rows, &ageSeconds)
+	if err != nil {
+		return st, fmt.Errorf("while reading inbox stats: %w", err)
+	}
+	st.OldestAge = time.Duration(ageSeconds * float64(time.Second))
+	return st, nil
+}

@@ -1,0 +1,138 @@
+// Package inbox owns the PostgreSQL inbox of one consumer: the table of
+// processed message ids (claimed in the same transaction as the effect), the
+// dead-letter table, the prune-runs log and the schema version. Every
+// identifier comes from the config and is still quoted with pgx.Identifier.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// SchemaVersion is the version of the DDL this package writes; it is stored
+// in the <inbox>_meta table and reported in status.inbox.schemaVersion.
+const SchemaVersion = 1
+
+// maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
+// silently, which would make derived names collide.
+const maxIdentifier = 63
+
+// Querier is what read-only helpers need: a pool, a connection or a tx.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Names are the unquoted table names of one inbox.
+type Names struct {
+	Schema      string
+	Inbox       string
+	DeadLetters string
+	PruneRuns   string
+	Meta        string
+}
+
+// NamesFor derives the table names from the sink config. Derived names that
+// would exceed 63 bytes are shortened with a hash so they stay distinct.
+func NamesFor(sink config.Sink) Names {
+	dl := sink.DeadLetterTable
+	if dl == "" {
+		dl = DerivedName(sink.InboxTable, "_dead_letters")
+	}
+	return Names{
+		Schema:      sink.Schema,
+		Inbox:       sink.InboxTable,
+		DeadLetters: dl,
+		PruneRuns:   DerivedName(sink.InboxTable, "_prune_runs"),
+		Meta:        DerivedName(sink.InboxTable, "_meta"),
+	}
+}
+
+// DerivedName is base+suffix, with base cut and tagged with a short hash when
+// the result would be longer than PostgreSQL keeps.
+func DerivedName(base, suffix string) string {
+	if len(base)+len(suffix) <= maxIdentifier {
+		return base + suffix
+	}
+	tag := fmt.Sprintf("_%08x", crc32.ChecksumIEEE([]byte(base)))
+	return base[:maxIdentifier-len(suffix)-len(tag)] + tag + suffix
+}
+
+// Store is the inbox of one consumer.
+type Store struct {
+	pool   *pgxpool.Pool
+	layout config.Layout
+	names  Names
+
+	inbox, deadLetters, pruneRuns, meta string // quoted, schema-qualified
+	// lockKey scopes advisory locks to this inbox, so two inboxes in one
+	// database never wait on each other.
+	lockKey int32
+
+	partitions partitionCache
+}
+
+// New returns the store of the inbox described by the sink config.
+func New(pool *pgxpool.Pool, sink config.Sink) (*Store, error) {
+	if sink.Layout != config.LayoutTable && sink.Layout != config.LayoutPartitioned {
+		return nil, fmt.Errorf("while opening inbox: unknown layout %q", sink.Layout)
+	}
+	if sink.Schema == "" || sink.InboxTable == "" {
+		return nil, errors.New("while opening inbox: schema and inbox table are required")
+	}
+	n := NamesFor(sink)
+	return &Store{
+		pool:        pool,
+		layout:      sink.Layout,
+		names:       n,
+		inbox:       qualify(n.Schema, n.Inbox),
+		deadLetters: qualify(n.Schema, n.DeadLetters),
+		pruneRuns:   qualify(n.Schema, n.PruneRuns),
+		meta:        qualify(n.Schema, n.Meta),
+		lockKey:     int32(crc32.ChecksumIEEE([]byte(n.Schema + "." + n.Inbox))),
+		partitions:  partitionCache{known: map[time.Time]bool{}},
+	}, nil
+}
+
+// Names returns the table names of this inbox.
+func (s *Store) Names() Names { return s.names }
+
+// Layout returns the inbox layout.
+func (s *Store) Layout() config.Layout { return s.layout }
+
+// QualifiedInbox is the quoted "schema"."table" of the inbox.
+func (s *Store) QualifiedInbox() string { return s.inbox }
+
+func qualify(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// inTx runs fn in a transaction holding this inbox's DDL advisory lock, so
+// replicas that migrate or create partitions at once take turns.
+func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int, 0)", s.lockKey); err != nil {
+			return fmt.Errorf("while taking the inbox DDL lock: %w", err)
+		}
+		return fn(tx)
+	})
+}
+
+func execAll(ctx context.Context, tx pgx.Tx, stmts []string) error {
+	for _, st := range stmts {
+		if _, err := tx.Exec(ctx, st); err != nil {
+			return fmt.Errorf("while running %q: %w", st, err)
+		}
+	}
+	return nil
+}
