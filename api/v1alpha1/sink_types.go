@@ -194,7 +194,7 @@ type DeliverySpec struct {
 }
 
 // BackoffSpec is an exponential backoff.
-// +kubebuilder:validation:XValidation:rule="duration(self.max) >= duration(self.initial)",message="backoff.max must not be smaller than backoff.initial"
+// +kubebuilder:validation:XValidation:rule="!has(self.initial) || !has(self.max) || duration(self.max) >= duration(self.initial)",message="backoff.max must not be smaller than backoff.initial"
 type BackoffSpec struct {
 	// initial delay.
 	// +kubebuilder:default="500ms"
@@ -226,8 +226,8 @@ const (
 )
 
 // RetentionSpec decides how long processed ids are kept.
-// +kubebuilder:validation:XValidation:rule="self.mode != 'Explicit' || has(self.window)",message="window is required when mode is Explicit",fieldPath=".window"
-// +kubebuilder:validation:XValidation:rule="self.mode == 'Explicit' || !has(self.window)",message="window may only be set when mode is Explicit",fieldPath=".window"
+// +kubebuilder:validation:XValidation:rule="!has(self.mode) || self.mode != 'Explicit' || has(self.window)",message="window is required when mode is Explicit",fieldPath=".window"
+// +kubebuilder:validation:XValidation:rule="(has(self.mode) && self.mode == 'Explicit') || !has(self.window)",message="window may only be set when mode is Explicit",fieldPath=".window"
 type RetentionSpec struct {
 	// mode is Derived (default: from the broker's redelivery and replay
 	// settings, read live) or Explicit (window).

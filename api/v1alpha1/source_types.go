@@ -120,6 +120,13 @@ type RabbitMQSource struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://.+')",message="managementURL must be an http:// or https:// URL"
 	// +optional
 	ManagementURL string `json:"managementURL,omitempty"`
+	// consumerTimeout is the broker's consumer_timeout (the lease of an
+	// unacknowledged delivery), declared because the management API of
+	// RabbitMQ 3.x does not expose it. Defaults to RabbitMQ's 30m; a queue's
+	// x-consumer-timeout argument or policy wins over it.
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="consumerTimeout must be positive"
+	// +optional
+	ConsumerTimeout Duration `json:"consumerTimeout,omitempty"`
 	// tls towards the broker.
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`

@@ -241,6 +241,13 @@ type Retention struct {
 	MaxReplayAge      Duration `json:"maxReplayAge,omitempty"`
 	PruneBatchSize    int      `json:"pruneBatchSize,omitempty"`
 	PruneMaxDuration  Duration `json:"pruneMaxDuration,omitempty"`
+	// ConsumerTimeout is RabbitMQ's consumer_timeout (the lease of each
+	// delivery) when the broker does not run with its default of 30m; the
+	// management API does not expose the broker-wide setting. Zero means the
+	// broker default; negative means disabled (no lease, so attempts are
+	// unbounded). A queue's x-consumer-timeout argument or consumer-timeout
+	// policy key, when present, wins. Only RabbitMQ sources read it.
+	ConsumerTimeout Duration `json:"consumerTimeout,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("1m30s").

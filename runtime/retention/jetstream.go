@@ -1,0 +1,172 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// JetStream server defaults for a consumer created without AckWait and
+// MaxDeliver, which is how the runtime creates a missing consumer.
+const (
+	jsDefaultAckWait    = 30 * time.Second
+	jsDefaultMaxDeliver = -1
+)
+
+type jetStreamInspector struct {
+	cfg    *config.JetStream
+	getenv Getenv
+}
+
+// Inspect reads the stream's MaxAge and retention policy and the durable
+// consumer's AckWait, MaxDeliver and BackOff.
+func (j *jetStreamInspector) Inspect(ctx context.Context) (Observation, error) {
+	opts, err := j.options()
+	if err != nil {
+		return Observation{}, err
+	}
+	nc, err := nats.Connect(j.cfg.URL, opts...)
+	if err != nil {
+		return Observation{}, unreachable("connecting to NATS at "+redactURL(j.cfg.URL), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return Observation{}, fmt.Errorf("while opening the JetStream context: %w", err)
+	}
+	st, err := j.stream(ctx, js)
+	if err != nil {
+		return Observation{}, err
+	}
+	cc, fact, err := j.consumer(ctx, js)
+	if err != nil {
+		return Observation{}, err
+	}
+	return jetStreamObservation(j.cfg.Stream, st, cc, fact), nil
+}
+
+func (j *jetStreamInspector) options() ([]nats.Option, error) {
+	opts := []nats.Option{nats.Name("idc-retention"), nats.NoReconnect(), nats.Timeout(5 * time.Second)}
+	if j.cfg.CredentialsEnv != "" {
+		creds := j.getenv(j.cfg.CredentialsEnv)
+		if creds == "" {
+			return nil, fmt.Errorf("environment variable %s (NATS credentials) is empty", j.cfg.CredentialsEnv)
+		}
+		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
+	}
+	tc, err := tlsConfig(j.cfg.TLS, j.getenv)
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	return opts, nil
+}
+
+func (j *jetStreamInspector) stream(ctx context.Context, js jetstream.JetStream) (jetstream.StreamConfig, error) {
+	s, err := js.Stream(ctx, j.cfg.Stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return jetstream.StreamConfig{}, fmt.Errorf("%w: JetStream stream %s: %w", ErrSourceNotFound, j.cfg.Stream, err)
+	case jsUnreachable(err):
+		return jetstream.StreamConfig{}, unreachable("reading JetStream stream "+j.cfg.Stream, err)
+	case err != nil:
+		return jetstream.StreamConfig{}, fmt.Errorf("while reading JetStream stream %s: %w", j.cfg.Stream, err)
+	}
+	return s.CachedInfo().Config, nil
+}
+
+// consumer returns the durable consumer's config, or the server defaults
+// (and a fact saying so) when it does not exist yet.
+func (j *jetStreamInspector) consumer(ctx context.Context, js jetstream.JetStream) (jetstream.ConsumerConfig, string, error) {
+	c, err := js.Consumer(ctx, j.cfg.Stream, j.cfg.Consumer)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		cc := jetstream.ConsumerConfig{AckWait: jsDefaultAckWait, MaxDeliver: jsDefaultMaxDeliver}
+		return cc, fmt.Sprintf("consumer %s does not exist yet: JetStream defaults ack_wait=%s max_deliver=%d backoff=[]",
+			j.cfg.Consumer, FormatDuration(cc.AckWait), cc.MaxDeliver), nil
+	case jsUnreachable(err):
+		return jetstream.ConsumerConfig{}, "", unreachable("reading JetStream consumer "+j.cfg.Consumer, err)
+	case err != nil:
+		return jetstream.ConsumerConfig{}, "", fmt.Errorf("while reading JetStream consumer %s on stream %s: %w", j.cfg.Consumer, j.cfg.Stream, err)
+	}
+	cc := c.CachedInfo().Config
+	return cc, fmt.Sprintf("consumer %s ack_wait=%s max_deliver=%d backoff=%s (broker)",
+		j.cfg.Consumer, FormatDuration(cc.AckWait), cc.MaxDeliver, formatDurations(cc.BackOff)), nil
+}
+
+// jsUnreachable: the server did not answer (timeouts, no JetStream
+// responders, a dropped connection).
+func jsUnreachable(err error) bool {
+	return err != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, nats.ErrConnectionClosed))
+}
+
+// jetStreamObservation applies the JetStream rules:
+//   - L = MaxAge (0 → ∞), whatever the retention policy;
+//   - A = Σ over MaxDeliver attempts of the lease: AckWait, or BackOff[i]
+//     (its last value repeating) when BackOff is set; MaxDeliver -1 → ∞;
+//   - replay: limits retention keeps consumed messages, so a consumer reset
+//     reaches MaxAge back (0 → ∞); workqueue and interest retention remove a
+//     message once acknowledged, so nothing is replayed beyond redelivery.
+func jetStreamObservation(stream string, st jetstream.StreamConfig, cc jetstream.ConsumerConfig, consumerFact string) Observation {
+	life := Infinite()
+	if st.MaxAge > 0 {
+		life = Finite(st.MaxAge)
+	}
+	leases := []time.Duration{cc.AckWait}
+	if len(cc.BackOff) > 0 {
+		leases = cc.BackOff
+	}
+	replay := life
+	if st.Retention == jetstream.WorkQueuePolicy || st.Retention == jetstream.InterestPolicy {
+		replay = Finite(0)
+	}
+	return Observation{
+		Life:     life,
+		Attempts: Attempts{Max: cc.MaxDeliver, Leases: leases},
+		Replay:   replay,
+		Facts: []string{
+			fmt.Sprintf("stream %s max_age=%s retention=%s (broker)", stream, formatMaxAge(st.MaxAge), retentionName(st.Retention)),
+			consumerFact,
+		},
+	}
+}
+
+func formatMaxAge(d time.Duration) string {
+	if d <= 0 {
+		return "0 (unlimited)"
+	}
+	return FormatDuration(d)
+}
+
+func retentionName(p jetstream.RetentionPolicy) string {
+	switch p {
+	case jetstream.LimitsPolicy:
+		return "limits"
+	case jetstream.InterestPolicy:
+		return "interest"
+	case jetstream.WorkQueuePolicy:
+		return "workqueue"
+	}
+	return fmt.Sprintf("unknown(%d)", int(p))
+}
+
+func formatDurations(ds []time.Duration) string {
+	s := "["
+	for i, d := range ds {
+		if i > 0 {
+			s += ","
+		}
+		s += FormatDuration(d)
+	}
+	return s + "]"
+}

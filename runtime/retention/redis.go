@@ -1,0 +1,107 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+type redisInspector struct {
+	cfg    *config.RedisStreams
+	getenv Getenv
+	// now dates the oldest entry; time.Now when nil.
+	now func() time.Time
+}
+
+// Inspect observes the stream with XINFO STREAM. Nothing Redis reports
+// bounds the horizons: entries stay until a producer trims them (MAXLEN or
+// MINID, invisible to the broker's settings), and pending entries are taken
+// over with XAUTOCLAIM after claimMinIdle without a limit on attempts. So
+// L = A = R_replay = ∞ and a Redis source needs retention.maxReplayAge; the
+// age of the oldest entry is reported for information only.
+func (r *redisInspector) Inspect(ctx context.Context) (Observation, error) {
+	opts, err := r.options()
+	if err != nil {
+		return Observation{}, err
+	}
+	rdb := redis.NewClient(opts)
+	defer func() { _ = rdb.Close() }()
+	info, err := rdb.XInfoStream(ctx, r.cfg.Stream).Result()
+	var oldest string
+	switch {
+	case err != nil && strings.Contains(err.Error(), "no such key"):
+		oldest = fmt.Sprintf("stream %s does not exist yet (XINFO STREAM; informational)", r.cfg.Stream)
+	case err != nil && redisUnreachable(err):
+		return Observation{}, unreachable("reading Redis stream "+r.cfg.Stream+" with XINFO STREAM", err)
+	case err != nil:
+		return Observation{}, fmt.Errorf("while reading Redis stream %s with XINFO STREAM: %w", r.cfg.Stream, err)
+	default:
+		oldest = r.describe(info)
+	}
+	return redisObservation(r.cfg, oldest), nil
+}
+
+// redisObservation: L = A = R_replay = ∞ (see Inspect); oldest is the
+// informational description of the first entry.
+func redisObservation(cfg *config.RedisStreams, oldest string) Observation {
+	return Observation{
+		Life:   Infinite(),
+		Replay: Infinite(),
+		Facts: []string{
+			fmt.Sprintf("stream %s group %s (Redis Streams): entries stay until trimmed by producers, which the broker's settings do not show: L=∞, replay=∞", cfg.Stream, cfg.Group),
+			fmt.Sprintf("pending entries are reclaimed with XAUTOCLAIM after claimMinIdle=%s without an attempts limit: A=∞", FormatDuration(cfg.ClaimMinIdle.Duration)),
+		},
+		Info: []string{oldest},
+	}
+}
+
+func (r *redisInspector) options() (*redis.Options, error) {
+	o := &redis.Options{Addr: r.cfg.Address, DialTimeout: 5 * time.Second, MaxRetries: 1, DialerRetries: 2}
+	if r.cfg.PasswordEnv != "" {
+		o.Password = r.getenv(r.cfg.PasswordEnv)
+		if o.Password == "" {
+			return nil, fmt.Errorf("environment variable %s (Redis password) is empty", r.cfg.PasswordEnv)
+		}
+	}
+	tc, err := tlsConfig(r.cfg.TLS, r.getenv)
+	if err != nil {
+		return nil, err
+	}
+	o.TLSConfig = tc
+	return o, nil
+}
+
+func (r *redisInspector) describe(info *redis.XInfoStream) string {
+	now := time.Now()
+	if r.now != nil {
+		now = r.now()
+	}
+	if info.Length == 0 || info.FirstEntry.ID == "" {
+		return fmt.Sprintf("stream %s is empty (XINFO STREAM; informational)", r.cfg.Stream)
+	}
+	ms, _, _ := strings.Cut(info.FirstEntry.ID, "-")
+	t, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return fmt.Sprintf("stream %s length=%d first entry %s (XINFO STREAM; informational)", r.cfg.Stream, info.Length, info.FirstEntry.ID)
+	}
+	age := now.Sub(time.UnixMilli(t)).Truncate(time.Second)
+	return fmt.Sprintf("stream %s length=%d first entry %s age=%s (XINFO STREAM; informational)",
+		r.cfg.Stream, info.Length, info.FirstEntry.ID, FormatDuration(age))
+}
+
+// redisUnreachable: the server could not be reached or dropped the
+// connection; Redis error replies (auth, wrong type) are answers.
+func redisUnreachable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, redis.ErrClosed)
+}

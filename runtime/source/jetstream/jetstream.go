@@ -1,0 +1,280 @@
+// Package jetstream is the NATS JetStream adapter: a durable pull consumer
+// with explicit acknowledgements.
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// flushTimeout bounds the flush after acknowledging when the caller's
+// context has no deadline.
+const flushTimeout = 10 * time.Second
+
+// Source consumes a JetStream durable pull consumer.
+type Source struct {
+	log      logr.Logger
+	nc       *nats.Conn
+	consumer jetstream.Consumer
+}
+
+var _ source.Source = (*Source)(nil)
+
+// Option customises New.
+type Option func(*options)
+
+type options struct {
+	clientName    string
+	reconnectWait time.Duration
+}
+
+// WithClientName sets the NATS connection name shown by the server.
+func WithClientName(name string) Option {
+	return func(o *options) { o.clientName = name }
+}
+
+// WithReconnectWait sets the pause between reconnect attempts (default 2s).
+func WithReconnectWait(d time.Duration) Option {
+	return func(o *options) { o.reconnectWait = d }
+}
+
+// New connects to NATS and binds to the durable consumer cfg.Consumer on
+// cfg.Stream. A missing consumer is created (explicit acks, cfg.FilterSubject);
+// an existing one is used as it is, so user-set AckWait and MaxDeliver are
+// kept.
+func New(ctx context.Context, cfg *config.JetStream, logger logr.Logger, opts ...Option) (*Source, error) {
+	o := options{clientName: "idc-runtime", reconnectWait: 2 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	log := logger.WithValues("stream", cfg.Stream, "consumer", cfg.Consumer)
+	natsOpts, err := connectOptions(cfg, log, o)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(cfg.URL, natsOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("while connecting to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("while opening the JetStream context: %w", err)
+	}
+	consumer, err := bindConsumer(ctx, js, cfg, log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &Source{log: log, nc: nc, consumer: consumer}, nil
+}
+
+func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.Option, error) {
+	opts := []nats.Option{
+		nats.Name(o.clientName),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(o.reconnectWait),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Info("disconnected from NATS, reconnecting", "error", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("reconnected to NATS", "server", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Error(err, "asynchronous NATS error")
+		}),
+	}
+	if cfg.CredentialsEnv != "" {
+		creds := os.Getenv(cfg.CredentialsEnv)
+		if creds == "" {
+			return nil, fmt.Errorf("environment variable %s (NATS credentials) is empty", cfg.CredentialsEnv)
+		}
+		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
+	}
+	tc, err := tlsConfig(cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	return opts, nil
+}
+
+// bindConsumer looks the durable consumer up and creates it only when it
+// does not exist, so settings made by the user are never overwritten.
+func bindConsumer(ctx context.Context, js jetstream.JetStream, cfg *config.JetStream, log logr.Logger) (jetstream.Consumer, error) {
+	c, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
+	if err == nil {
+		return c, checkExisting(c.CachedInfo(), cfg, log)
+	}
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("while looking up JetStream consumer %s on stream %s: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	c, err = js.CreateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       cfg.Consumer,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubject: cfg.FilterSubject,
+	})
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		// Another replica created it in the meantime.
+		return bindConsumer(ctx, js, cfg, log)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("while creating JetStream consumer %s on stream %s: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	log.Info("created JetStream durable consumer", "filterSubject", cfg.FilterSubject)
+	return c, nil
+}
+
+func checkExisting(info *jetstream.ConsumerInfo, cfg *config.JetStream, log logr.Logger) error {
+	if info == nil {
+		return nil
+	}
+	c := info.Config
+	if c.AckPolicy == jetstream.AckNonePolicy {
+		return fmt.Errorf("JetStream consumer %s on stream %s has AckPolicy none; the runtime needs explicit acknowledgements", cfg.Consumer, cfg.Stream)
+	}
+	if c.DeliverSubject != "" {
+		return fmt.Errorf("JetStream consumer %s on stream %s is a push consumer; the runtime needs a pull consumer", cfg.Consumer, cfg.Stream)
+	}
+	if cfg.FilterSubject != "" && c.FilterSubject != cfg.FilterSubject {
+		log.Info("existing JetStream consumer has a different filter subject; using it unchanged",
+			"configured", cfg.FilterSubject, "existing", c.FilterSubject, "existingFilters", c.FilterSubjects)
+	}
+	return nil
+}
+
+// Fetch first takes what is available right away; only when nothing is, it
+// waits up to maxWait for a batch.
+func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if maxN <= 0 {
+		return nil, nil
+	}
+	batch, err := s.consumer.FetchNoWait(maxN)
+	if err != nil {
+		return nil, fmt.Errorf("while fetching from JetStream: %w", err)
+	}
+	msgs, err := s.collect(ctx, batch)
+	if err != nil || len(msgs) > 0 || maxWait <= 0 {
+		return msgs, err
+	}
+	batch, err = s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait))
+	if err != nil {
+		return nil, fmt.Errorf("while fetching from JetStream: %w", err)
+	}
+	return s.collect(ctx, batch)
+}
+
+func (s *Source) collect(ctx context.Context, batch jetstream.MessageBatch) ([]source.Message, error) {
+	var msgs []source.Message
+	for {
+		select {
+		case <-ctx.Done():
+			// Whatever was delivered is redelivered after AckWait.
+			return nil, ctx.Err()
+		case m, ok := <-batch.Messages():
+			if !ok {
+				return s.finish(msgs, batch.Error())
+			}
+			msg, err := convert(m)
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, msg)
+		}
+	}
+}
+
+// finish returns the batch; a pull error after some messages arrived is only
+// logged, so those messages are processed rather than left to AckWait.
+func (s *Source) finish(msgs []source.Message, err error) ([]source.Message, error) {
+	if err == nil {
+		return msgs, nil
+	}
+	if len(msgs) > 0 {
+		s.log.Error(err, "JetStream pull request ended with an error after some messages", "messages", len(msgs))
+		return msgs, nil
+	}
+	return nil, fmt.Errorf("while fetching from JetStream: %w", err)
+}
+
+func convert(m jetstream.Msg) (source.Message, error) {
+	md, err := m.Metadata()
+	if err != nil {
+		return source.Message{}, fmt.Errorf("while reading JetStream message metadata: %w", err)
+	}
+	headers := make(map[string]string, len(m.Headers()))
+	for k, v := range m.Headers() {
+		if len(v) > 0 {
+			headers[k] = v[0]
+		}
+	}
+	return source.Message{
+		NativeID:    md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10),
+		Headers:     headers,
+		Body:        m.Data(),
+		PublishedAt: md.Timestamp,
+		Attempt:     int(md.NumDelivered),
+		Ref:         m,
+	}, nil
+}
+
+// Ack acknowledges every message, then flushes the connection once so the
+// acknowledgements have reached the server when Ack returns.
+func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
+	var errs []error
+	for _, m := range msgs {
+		jm, ok := m.Ref.(jetstream.Msg)
+		if !ok {
+			errs = append(errs, fmt.Errorf("message %s was not fetched from JetStream", m.NativeID))
+			continue
+		}
+		if err := jm.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			errs = append(errs, fmt.Errorf("while acknowledging %s: %w", m.NativeID, err))
+		}
+	}
+	if len(msgs) > 0 {
+		if err := s.flush(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Source) flush(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, flushTimeout)
+		defer cancel()
+	}
+	if err := s.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("while flushing JetStream acknowledgements: %w", err)
+	}
+	return nil
+}
+
+// Close closes the connection; unacknowledged messages are redelivered by
+// the server after the consumer's AckWait.
+func (s *Source) Close() error {
+	if err := s.nc.FlushTimeout(flushTimeout); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		s.log.Error(err, "flushing before close failed")
+	}
+	s.nc.Close()
+	return nil
+}

@@ -1,0 +1,45 @@
+package jetstream
+
+// This file is duplicated in each adapter package (jetstream, kafka, rabbitmq,
+// redisstreams) because the adapters may not share a non-test package yet.
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// tlsConfig builds a client TLS configuration from PEM data held in the
+// environment variables the config names. It returns nil for a nil block.
+func tlsConfig(c *config.TLS) (*tls.Config, error) {
+	if c == nil {
+		return nil, nil
+	}
+	out := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// The user opts into this explicitly in the IdempotentConsumer.
+		InsecureSkipVerify: c.InsecureSkipVerify,
+	}
+	if c.CAEnv != "" {
+		pem := os.Getenv(c.CAEnv)
+		if pem == "" {
+			return nil, fmt.Errorf("environment variable %s (TLS CA) is empty", c.CAEnv)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(pem)) {
+			return nil, fmt.Errorf("environment variable %s (TLS CA) holds no PEM certificate", c.CAEnv)
+		}
+		out.RootCAs = pool
+	}
+	if c.CertEnv != "" || c.KeyEnv != "" {
+		cert, err := tls.X509KeyPair([]byte(os.Getenv(c.CertEnv)), []byte(os.Getenv(c.KeyEnv)))
+		if err != nil {
+			return nil, fmt.Errorf("while loading the TLS client certificate from %s and %s: %w", c.CertEnv, c.KeyEnv, err)
+		}
+		out.Certificates = []tls.Certificate{cert}
+	}
+	return out, nil
+}

@@ -1,0 +1,364 @@
+// Package rabbitmq is the RabbitMQ adapter: one consumer on a queue the user
+// owns, with prefetch and manual acknowledgements. It reconnects on its own
+// on the Fetch after a connection or channel loss.
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// ErrStaleDelivery is returned (wrapped) by Ack for deliveries received on a
+// channel that has closed since: they cannot be acknowledged any more, and
+// the broker redelivers them.
+var ErrStaleDelivery = errors.New("delivery came from a closed channel; the broker redelivers it")
+
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 30 * time.Second
+)
+
+// Source consumes one queue.
+type Source struct {
+	log   logr.Logger
+	cfg   config.RabbitMQ
+	opts  options
+	queue string
+
+	// session is the live connection and channel; nil while disconnected.
+	session *session
+	// gen numbers sessions so Ack can tell stale deliveries apart.
+	gen uint64
+
+	backoff  time.Duration
+	nextDial time.Time
+}
+
+// session is one connection, its channel and its deliveries.
+type session struct {
+	gen  uint64
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	// buf holds deliveries pumped from the consumer; closed when the channel
+	// closes.
+	buf chan amqp.Delivery
+	// pending holds the tags fetched and not yet acknowledged.
+	pending map[uint64]struct{}
+	// done stops the pump when the session is dropped.
+	done chan struct{}
+}
+
+// close stops the pump and closes the connection (and so the channel).
+func (sess *session) close() error {
+	close(sess.done)
+	return sess.conn.Close()
+}
+
+// ref is the Message.Ref of a delivery.
+type ref struct {
+	gen uint64
+	tag uint64
+}
+
+var _ source.Source = (*Source)(nil)
+
+// Option customises New.
+type Option func(*options)
+
+type options struct {
+	connectionName string
+	consumerTag    string
+	heartbeat      time.Duration
+}
+
+// WithConnectionName sets the connection name shown by the broker.
+func WithConnectionName(name string) Option {
+	return func(o *options) { o.connectionName = name }
+}
+
+// WithConsumerTag sets the consumer tag (default: generated).
+func WithConsumerTag(tag string) Option {
+	return func(o *options) { o.consumerTag = tag }
+}
+
+// New connects to the broker and starts consuming cfg.Queue, which must
+// exist. The URI is read from the environment variable cfg.URIEnv.
+func New(_ context.Context, cfg *config.RabbitMQ, logger logr.Logger, opts ...Option) (*Source, error) {
+	o := options{connectionName: "idc-runtime", heartbeat: 10 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	s := &Source{log: logger.WithValues("queue", cfg.Queue), cfg: *cfg, opts: o, queue: cfg.Queue}
+	sess, err := s.connect()
+	if err != nil {
+		return nil, err
+	}
+	s.session = sess
+	return s, nil
+}
+
+func (s *Source) connect() (*session, error) {
+	uri := os.Getenv(s.cfg.URIEnv)
+	if uri == "" {
+		return nil, fmt.Errorf("environment variable %s (AMQP URI) is empty", s.cfg.URIEnv)
+	}
+	if _, err := amqp.ParseURI(uri); err != nil {
+		// The parse error may quote the URI and its password: not wrapped.
+		return nil, fmt.Errorf("environment variable %s does not hold a valid amqp:// or amqps:// URI", s.cfg.URIEnv)
+	}
+	tc, err := tlsConfig(s.cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(s.opts.connectionName)
+	conn, err := amqp.DialConfig(uri, amqp.Config{
+		Heartbeat:       s.opts.heartbeat,
+		TLSClientConfig: tc,
+		Properties:      props,
+		Dial:            amqp.DefaultDial(30 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("while connecting to RabbitMQ: %w", err)
+	}
+	sess, err := s.open(conn)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return sess, nil
+}
+
+func (s *Source) open(conn *amqp.Connection) (*session, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("while opening a RabbitMQ channel: %w", err)
+	}
+	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("while setting prefetch %d: %w", s.cfg.Prefetch, err)
+	}
+	deliveries, err := ch.Consume(s.queue, s.opts.consumerTag, false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("while consuming queue %s: %w", s.queue, err)
+	}
+	s.gen++
+	sess := &session{
+		gen: s.gen, conn: conn, ch: ch,
+		buf:     make(chan amqp.Delivery, max(s.cfg.Prefetch, 1)),
+		pending: map[uint64]struct{}{},
+		done:    make(chan struct{}),
+	}
+	// The library hands deliveries over an unbuffered channel; pumping them
+	// into buf lets Fetch drain what has arrived without racing the
+	// library's goroutine.
+	go sess.pump(deliveries)
+	return sess, nil
+}
+
+func (sess *session) pump(deliveries <-chan amqp.Delivery) {
+	defer close(sess.buf)
+	for d := range deliveries {
+		select {
+		case sess.buf <- d:
+		case <-sess.done:
+			return
+		}
+	}
+}
+
+// ensureSession reconnects when the last session was lost, pausing with an
+// exponential backoff between failed attempts.
+func (s *Source) ensureSession(ctx context.Context) (*session, error) {
+	if s.session != nil {
+		return s.session, nil
+	}
+	if wait := time.Until(s.nextDial); wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	sess, err := s.connect()
+	if err != nil {
+		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
+		s.nextDial = time.Now().Add(s.backoff)
+		return nil, fmt.Errorf("while reconnecting to RabbitMQ: %w", err)
+	}
+	s.backoff = 0
+	s.session = sess
+	s.log.Info("reconnected to RabbitMQ")
+	return sess, nil
+}
+
+// drop forgets a lost session; the next Fetch reconnects.
+func (s *Source) drop(sess *session, reason string) {
+	if s.session != sess {
+		return
+	}
+	s.log.Info("RabbitMQ session lost, reconnecting on the next fetch", "reason", reason)
+	s.session = nil
+	_ = sess.close()
+}
+
+// Fetch waits up to maxWait for a first delivery, then takes what else has
+// already arrived, up to maxN.
+func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sess, err := s.ensureSession(ctx)
+	if err != nil || maxN <= 0 {
+		return nil, err
+	}
+	first, ok, err := s.waitFirst(ctx, sess, maxWait)
+	if err != nil || !ok {
+		return nil, err
+	}
+	ds, open := drain(sess.buf, []amqp.Delivery{first}, maxN)
+	if !open || sess.ch.IsClosed() {
+		// These deliveries cannot be acknowledged; the broker requeues them.
+		s.drop(sess, "channel closed")
+		return nil, fmt.Errorf("while fetching from queue %s: channel closed", s.queue)
+	}
+	return s.messages(sess, ds), nil
+}
+
+// drain appends what has already arrived, up to maxN deliveries; open is
+// false when buf was closed.
+func drain(buf <-chan amqp.Delivery, ds []amqp.Delivery, maxN int) (_ []amqp.Delivery, open bool) {
+	for len(ds) < maxN {
+		select {
+		case d, ok := <-buf:
+			if !ok {
+				return ds, false
+			}
+			ds = append(ds, d)
+		default:
+			return ds, true
+		}
+	}
+	return ds, true
+}
+
+func (s *Source) waitFirst(ctx context.Context, sess *session, maxWait time.Duration) (amqp.Delivery, bool, error) {
+	t := time.NewTimer(maxWait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return amqp.Delivery{}, false, ctx.Err()
+	case <-t.C:
+		return amqp.Delivery{}, false, nil
+	case d, open := <-sess.buf:
+		if !open {
+			s.drop(sess, "channel closed")
+			return d, false, fmt.Errorf("while fetching from queue %s: channel closed", s.queue)
+		}
+		return d, true, nil
+	}
+}
+
+func (s *Source) messages(sess *session, ds []amqp.Delivery) []source.Message {
+	now := time.Now()
+	msgs := make([]source.Message, len(ds))
+	for i, d := range ds {
+		sess.pending[d.DeliveryTag] = struct{}{}
+		msgs[i] = convert(d, now)
+		msgs[i].Ref = ref{gen: sess.gen, tag: d.DeliveryTag}
+	}
+	return msgs
+}
+
+// Ack acknowledges the deliveries of the current channel: with one
+// multiple-ack when their tags are contiguous and nothing older is
+// outstanding, else one by one. Deliveries from an earlier channel yield
+// ErrStaleDelivery.
+func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
+	var tags []uint64
+	stale := 0
+	for _, m := range msgs {
+		r, ok := m.Ref.(ref)
+		if !ok {
+			return fmt.Errorf("message %q was not fetched from RabbitMQ", m.NativeID)
+		}
+		if s.session == nil || r.gen != s.session.gen {
+			stale++
+			continue
+		}
+		tags = append(tags, r.tag)
+	}
+	var errs []error
+	if stale > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d deliveries: %w", stale, len(msgs), ErrStaleDelivery))
+	}
+	if len(tags) > 0 {
+		if err := s.ackTags(s.session, tags); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Source) ackTags(sess *session, tags []uint64) error {
+	slices.Sort(tags)
+	tags = slices.Compact(tags)
+	var err error
+	if multipleAckCovers(sess.pending, tags) {
+		err = sess.ch.Ack(tags[len(tags)-1], true)
+	} else {
+		for _, tag := range tags {
+			if err = sess.ch.Ack(tag, false); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		s.drop(sess, "acknowledgement failed")
+		return fmt.Errorf("while acknowledging %d deliveries: %w", len(tags), err)
+	}
+	for _, tag := range tags {
+		delete(sess.pending, tag)
+	}
+	return nil
+}
+
+// multipleAckCovers tells whether one multiple-ack of the last tag
+// acknowledges exactly the sorted tags: they are contiguous and no older
+// fetched delivery is still outstanding.
+func multipleAckCovers(pending map[uint64]struct{}, tags []uint64) bool {
+	if tags[len(tags)-1]-tags[0] != uint64(len(tags)-1) {
+		return false
+	}
+	for tag := range pending {
+		if tag < tags[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// Close closes the connection; the broker requeues unacknowledged
+// deliveries.
+func (s *Source) Close() error {
+	sess := s.session
+	s.session = nil
+	if sess == nil {
+		return nil
+	}
+	if err := sess.close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		return fmt.Errorf("while closing the RabbitMQ connection: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,306 @@
+package rabbitmq
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+	"github.com/idempotency-dev/idc-operator/runtime/source/sourcetest"
+)
+
+// amqpURI is the RabbitMQ broker the machine runs on loopback. The tests
+// fail (they do not skip) when it is down.
+const (
+	amqpURI = "amqp://guest:guest@127.0.0.1:5672/"
+	uriEnv  = "IDC_TEST_AMQP_URI"
+)
+
+type fixture struct {
+	ch    *amqp.Channel
+	queue string
+}
+
+// newFixture declares a queue private to the test (the adapter never
+// declares queues) and deletes it afterwards.
+func newFixture(t *testing.T, args amqp.Table) *fixture {
+	t.Helper()
+	t.Setenv(uriEnv, amqpURI)
+	conn, err := amqp.Dial(amqpURI)
+	if err != nil {
+		t.Fatalf("RabbitMQ at 127.0.0.1:5672 is required for this test: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{ch: ch, queue: fmt.Sprintf("idc-test-%d", time.Now().UnixNano())}
+	if _, err := ch.QueueDeclare(f.queue, true, false, false, false, args); err != nil {
+		t.Fatalf("declaring queue: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := ch.QueueDelete(f.queue, false, false, false); err != nil {
+			t.Errorf("deleting queue %s: %v", f.queue, err)
+		}
+	})
+	return f
+}
+
+func (f *fixture) publish(t *testing.T, msgs []sourcetest.Outgoing) {
+	t.Helper()
+	for _, o := range msgs {
+		err := f.ch.PublishWithContext(t.Context(), "", f.queue, false, false, amqp.Publishing{
+			MessageId:     o.ID,
+			CorrelationId: "corr-" + o.ID,
+			Type:          "test.event",
+			Timestamp:     time.Now(),
+			Headers:       amqp.Table{sourcetest.IDHeader: o.ID, "n": int32(7)},
+			Body:          o.Body,
+		})
+		if err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+}
+
+func (f *fixture) cfg() *config.RabbitMQ {
+	return &config.RabbitMQ{URIEnv: uriEnv, Queue: f.queue, Prefetch: 10}
+}
+
+func newSource(t *testing.T, cfg *config.RabbitMQ, opts ...Option) *Source {
+	t.Helper()
+	s, err := New(t.Context(), cfg, testr.New(t), opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestConformance uses a quorum queue, which reports x-delivery-count.
+func TestConformance(t *testing.T) {
+	f := newFixture(t, amqp.Table{"x-queue-type": "quorum"})
+	sourcetest.Run(t, sourcetest.Harness{
+		NewSource:       func(t *testing.T) source.Source { return newSource(t, f.cfg()) },
+		Publish:         f.publish,
+		MaxWait:         300 * time.Millisecond,
+		RedeliveryAfter: time.Second,
+		ReportsAttempts: true,
+	})
+}
+
+func fetchN(t *testing.T, s *Source, n int) []source.Message {
+	t.Helper()
+	var out []source.Message
+	for end := time.Now().Add(20 * time.Second); len(out) < n && time.Now().Before(end); {
+		msgs, err := s.Fetch(t.Context(), n-len(out), 200*time.Millisecond)
+		if err != nil {
+			t.Fatalf("Fetch: %v", err)
+		}
+		out = append(out, msgs...)
+	}
+	if len(out) != n {
+		t.Fatalf("fetched %d deliveries, want %d", len(out), n)
+	}
+	return out
+}
+
+func outgoing(ids ...string) []sourcetest.Outgoing {
+	out := make([]sourcetest.Outgoing, len(ids))
+	for i, id := range ids {
+		out[i] = sourcetest.Outgoing{ID: id, Body: []byte("body-" + id)}
+	}
+	return out
+}
+
+func TestPropertiesAndHeaders(t *testing.T) {
+	f := newFixture(t, nil)
+	f.publish(t, outgoing("m1"))
+	s := newSource(t, f.cfg())
+	m := fetchN(t, s, 1)[0]
+	want := map[string]string{"message_id": "m1", "correlation_id": "corr-m1", "type": "test.event", "n": "7", sourcetest.IDHeader: "m1"}
+	for k, v := range want {
+		if m.Headers[k] != v {
+			t.Errorf("header %s = %q, want %q (all: %v)", k, m.Headers[k], v, m.Headers)
+		}
+	}
+	if m.NativeID != "m1" || m.Attempt != 1 || time.Since(m.PublishedAt) > time.Minute {
+		t.Errorf("NativeID %q Attempt %d PublishedAt %v", m.NativeID, m.Attempt, m.PublishedAt)
+	}
+	if err := s.Ack(t.Context(), []source.Message{m}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOutOfOrderAckDoesNotAckOlderBatch: acknowledging a later batch first
+// must not acknowledge an earlier, still outstanding one through a
+// multiple-ack. Classic queue: redeliveries carry no count (Attempt 0).
+func TestOutOfOrderAckDoesNotAckOlderBatch(t *testing.T) {
+	f := newFixture(t, nil)
+	f.publish(t, outgoing("a", "b", "c", "d", "e", "f"))
+	s := newSource(t, f.cfg())
+	first := fetchN(t, s, 3)
+	second := fetchN(t, s, 3)
+	if err := s.Ack(t.Context(), second); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	s2 := newSource(t, f.cfg())
+	again := fetchN(t, s2, 3)
+	for i, m := range again {
+		if m.NativeID != first[i].NativeID || m.Attempt != 0 {
+			t.Errorf("redelivery %d: %s attempt %d, want %s attempt 0", i, m.NativeID, m.Attempt, first[i].NativeID)
+		}
+	}
+	if err := s2.Ack(t.Context(), again); err != nil {
+		t.Fatal(err)
+	}
+	if msgs, err := s2.Fetch(t.Context(), 10, 500*time.Millisecond); err != nil || len(msgs) != 0 {
+		t.Fatalf("after acking everything: %d deliveries, %v", len(msgs), err)
+	}
+}
+
+// TestReconnectAfterConnectionClosed closes the adapter's connection from
+// the broker side (rabbitmqctl close_connection; the management API is not
+// enabled here). Deliveries of the dead channel cannot be acknowledged; the
+// next Fetch reconnects and gets them again.
+func TestReconnectAfterConnectionClosed(t *testing.T) {
+	f := newFixture(t, nil)
+	name := fmt.Sprintf("idc-test-conn-%d", time.Now().UnixNano())
+	s := newSource(t, f.cfg(), WithConnectionName(name))
+	f.publish(t, outgoing("x", "y"))
+	before := fetchN(t, s, 2)
+	closeConnection(t, s, name)
+	err := s.Ack(t.Context(), before)
+	if err == nil {
+		t.Fatal("Ack of deliveries from a closed connection succeeded")
+	}
+	// The next Fetch either reconnects, or (if the loss was not noticed
+	// yet) reports it and the one after reconnects.
+	var after []source.Message
+	for end := time.Now().Add(30 * time.Second); len(after) < 2 && time.Now().Before(end); {
+		msgs, err := s.Fetch(t.Context(), 10, 200*time.Millisecond)
+		if err != nil {
+			t.Logf("Fetch while recovering: %v", err)
+			continue
+		}
+		after = append(after, msgs...)
+	}
+	if len(after) != 2 || after[0].NativeID != "x" || after[1].NativeID != "y" {
+		t.Fatalf("after reconnect got %d deliveries: %+v", len(after), after)
+	}
+	if err := s.Ack(t.Context(), after); err != nil {
+		t.Fatalf("Ack after reconnect: %v", err)
+	}
+	if err := s.Ack(t.Context(), before); !errors.Is(err, ErrStaleDelivery) {
+		t.Fatalf("Ack of deliveries from the old channel: %v, want ErrStaleDelivery", err)
+	}
+
+	// Second loss while idle, with the broker unreachable for a while:
+	// Fetch reports errors (never hangs) until the broker is back.
+	closeConnection(t, s, name)
+	t.Setenv(uriEnv, "amqp://guest:guest@127.0.0.1:1/")
+	for i := range 2 {
+		if msgs, err := s.Fetch(t.Context(), 10, 200*time.Millisecond); err == nil {
+			t.Fatalf("Fetch %d with the broker unreachable: %d deliveries and no error", i, len(msgs))
+		}
+	}
+	t.Setenv(uriEnv, amqpURI)
+	f.publish(t, outgoing("z"))
+	var got []source.Message
+	for end := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(end); {
+		got, _ = s.Fetch(t.Context(), 10, 200*time.Millisecond)
+	}
+	if len(got) != 1 || got[0].NativeID != "z" {
+		t.Fatalf("after the broker came back: %+v", got)
+	}
+	if err := s.Ack(t.Context(), got); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// closeConnection closes the named connection with rabbitmqctl and waits
+// until the client has noticed. Without rabbitmqctl it closes the socket
+// from the client side instead, which exercises the same recovery path.
+func closeConnection(t *testing.T, s *Source, name string) {
+	t.Helper()
+	conn := s.session.conn
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Log("rabbitmqctl not found: closing the connection from the client side")
+		_ = conn.Close()
+		return
+	}
+	pid := connectionPID(t, name)
+	out, err := exec.CommandContext(t.Context(), "rabbitmqctl", "-q", "close_connection", pid, "idc test").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
+	}
+	for end := time.Now().Add(10 * time.Second); !conn.IsClosed(); {
+		if time.Now().After(end) {
+			t.Fatal("the client did not notice the closed connection")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func connectionPID(t *testing.T, name string) string {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		// RabbitMQ 3.10 has no user_provided_name column: the connection
+		// name is inside client_properties.
+		out, err := exec.CommandContext(t.Context(), "rabbitmqctl", "-s", "list_connections", "pid", "client_properties").CombinedOutput()
+		if err != nil {
+			t.Fatalf("rabbitmqctl list_connections: %v: %s", err, out)
+		}
+		for line := range strings.SplitSeq(string(out), "\n") {
+			pid, props, ok := strings.Cut(strings.TrimSpace(line), "\t")
+			if ok && strings.Contains(props, `"`+name+`"`) {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("connection %q not listed by rabbitmqctl", name)
+	return ""
+}
+
+func TestNewErrors(t *testing.T) {
+	t.Setenv(uriEnv, "")
+	if _, err := New(t.Context(), &config.RabbitMQ{URIEnv: uriEnv, Queue: "q"}, testr.New(t)); err == nil {
+		t.Fatal("New accepted an empty URI variable")
+	}
+	t.Setenv(uriEnv, "http://user:secret@host/")
+	_, err := New(t.Context(), &config.RabbitMQ{URIEnv: uriEnv, Queue: "q"}, testr.New(t))
+	if err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("bad URI: %v", err)
+	}
+	t.Setenv(uriEnv, amqpURI)
+	if _, err := New(t.Context(), &config.RabbitMQ{URIEnv: uriEnv, Queue: fmt.Sprintf("missing-%d", time.Now().UnixNano()), Prefetch: 1}, testr.New(t)); err == nil {
+		t.Fatal("New consumed a queue that does not exist")
+	}
+}
+
+func TestMultipleAckCovers(t *testing.T) {
+	pending := map[uint64]struct{}{3: {}, 4: {}, 5: {}, 7: {}}
+	cases := []struct {
+		tags []uint64
+		want bool
+	}{
+		{[]uint64{3, 4, 5}, true},
+		{[]uint64{4, 5}, false}, // 3 is older and outstanding
+		{[]uint64{3, 5}, false}, // not contiguous
+		{[]uint64{3}, true},
+	}
+	for _, c := range cases {
+		if got := multipleAckCovers(pending, c.tags); got != c.want {
+			t.Errorf("multipleAckCovers(%v) = %v, want %v", c.tags, got, c.want)
+		}
+	}
+}
