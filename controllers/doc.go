@@ -1,0 +1,2 @@
+// Package controllers holds the IdempotentConsumer reconciler.
+package controllers

@@ -1,0 +1,238 @@
+package controllers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// Environment variables through which the runtime receives credentials. The
+// rendered config names them; the pod spec fills them with secretKeyRef.
+const (
+	envPostgresDSN   = "IDC_POSTGRES_DSN"
+	envNATSCreds     = "IDC_NATS_CREDENTIALS"
+	envKafkaUser     = "IDC_KAFKA_SASL_USERNAME"
+	envKafkaPassword = "IDC_KAFKA_SASL_PASSWORD"
+	envRabbitMQURI   = "IDC_RABBITMQ_URI"
+	envRedisPassword = "IDC_REDIS_PASSWORD"
+	envTLSCA         = "IDC_TLS_CA"
+	envTLSCert       = "IDC_TLS_CERT"
+	envTLSKey        = "IDC_TLS_KEY"
+
+	healthPort = 8080
+)
+
+// secretEnv is one credential: the env var the runtime reads and the Secret
+// key it comes from.
+type secretEnv struct {
+	Env string
+	Ref messagingv1alpha1.SecretKeyRef
+}
+
+// renderedConfig is the runtime configuration and the credentials it needs.
+type renderedConfig struct {
+	Config  *config.Config
+	Secrets []secretEnv
+	// JSON is the config as the pod reads it; Hash rolls the pods on change.
+	JSON []byte
+	Hash string
+}
+
+// renderConfig turns the spec into the runtime config. It is pure: the same
+// resource always renders the same bytes, so the hash only moves on a change.
+func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, error) {
+	s := &idc.Spec
+	var secrets []secretEnv
+	addSecret := func(env string, ref *messagingv1alpha1.SecretKeyRef) string {
+		if ref == nil {
+			return ""
+		}
+		secrets = append(secrets, secretEnv{Env: env, Ref: *ref})
+		return env
+	}
+	cfg := &config.Config{
+		Version:    config.Version,
+		Name:       idc.Namespace + "/" + idc.Name,
+		HealthAddr: fmt.Sprintf(":%d", healthPort),
+		Source:     renderSource(s.Source, addSecret),
+		Message:    renderMessage(s.Message),
+		Sink: config.Sink{
+			DSNEnv:     addSecret(envPostgresDSN, &s.Sink.Postgres.ConnectionSecretRef),
+			Schema:     schemaOf(idc),
+			InboxTable: string(s.Sink.Inbox.Table),
+			Layout:     config.Layout(s.Sink.Inbox.Layout),
+			Effect:     renderEffect(s),
+		},
+		Delivery: config.Delivery{
+			BatchSize:      int(s.Delivery.BatchSize),
+			MaxWait:        dur(s.Delivery.MaxWait),
+			MaxAttempts:    int(s.Delivery.MaxAttempts),
+			BackoffInitial: dur(s.Delivery.Backoff.Initial),
+			BackoffMax:     dur(s.Delivery.Backoff.Max),
+		},
+		Retention: config.Retention{
+			Mode:              string(s.Retention.Mode),
+			Window:            dur(s.Retention.Window),
+			MaxConsumerOutage: dur(s.Retention.MaxConsumerOutage),
+			SafetyMargin:      dur(s.Retention.SafetyMargin),
+			MaxReplayAge:      dur(s.Retention.MaxReplayAge),
+			PruneBatchSize:    int(s.Retention.Prune.BatchSize),
+			PruneMaxDuration:  dur(s.Retention.Prune.MaxDuration),
+		},
+	}
+	if s.Source.RabbitMQ != nil {
+		cfg.Retention.ConsumerTimeout = dur(s.Source.RabbitMQ.ConsumerTimeout)
+	}
+	if s.Delivery.DeadLetter != nil {
+		cfg.Sink.DeadLetterTable = string(s.Delivery.DeadLetter.Table)
+	}
+	cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("rendering the runtime config: %w", err)
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the runtime config: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return &renderedConfig{Config: cfg, Secrets: secrets, JSON: b, Hash: hex.EncodeToString(sum[:8])}, nil
+}
+
+func schemaOf(idc *messagingv1alpha1.IdempotentConsumer) string {
+	if idc.Spec.Sink.Postgres.Schema == "" {
+		return "public"
+	}
+	return string(idc.Spec.Sink.Postgres.Schema)
+}
+
+func dur(d messagingv1alpha1.Duration) config.Duration {
+	v, _ := time.ParseDuration(string(d)) // the CRD schema only admits Go durations
+	return config.Duration{Duration: v}
+}
+
+func renderTLS(t *messagingv1alpha1.TLSSpec, addSecret func(string, *messagingv1alpha1.SecretKeyRef) string) *config.TLS {
+	if t == nil {
+		return nil
+	}
+	return &config.TLS{
+		CAEnv:              addSecret(envTLSCA, t.CASecretRef),
+		CertEnv:            addSecret(envTLSCert, t.CertSecretRef),
+		KeyEnv:             addSecret(envTLSKey, t.KeySecretRef),
+		InsecureSkipVerify: t.InsecureSkipVerify,
+	}
+}
+
+func renderSource(src messagingv1alpha1.SourceSpec, addSecret func(string, *messagingv1alpha1.SecretKeyRef) string) config.Source {
+	var out config.Source
+	if j := src.NATSJetStream; j != nil {
+		out.NATSJetStream = &config.JetStream{
+			URL: j.URL, Stream: j.Stream, Consumer: j.Consumer, FilterSubject: j.FilterSubject,
+			CredentialsEnv: addSecret(envNATSCreds, j.CredentialsSecretRef),
+			TLS:            renderTLS(j.TLS, addSecret),
+		}
+	}
+	if k := src.Kafka; k != nil {
+		out.Kafka = &config.Kafka{
+			BootstrapServers: k.BootstrapServers, Topics: k.Topics, ConsumerGroup: k.ConsumerGroup,
+			TLS: renderTLS(k.TLS, addSecret),
+		}
+		if k.SASL != nil {
+			out.Kafka.SASL = &config.SASL{
+				Mechanism:   string(k.SASL.Mechanism),
+				UsernameEnv: addSecret(envKafkaUser, &k.SASL.UsernameSecretRef),
+				PasswordEnv: addSecret(envKafkaPassword, &k.SASL.PasswordSecretRef),
+			}
+		}
+	}
+	if r := src.RabbitMQ; r != nil {
+		out.RabbitMQ = &config.RabbitMQ{
+			URIEnv: addSecret(envRabbitMQURI, &r.URISecretRef), Queue: r.Queue, ManagementURL: r.ManagementURL,
+			TLS: renderTLS(r.TLS, addSecret),
+		}
+		if r.Prefetch != nil {
+			out.RabbitMQ.Prefetch = int(*r.Prefetch)
+		}
+	}
+	if r := src.RedisStreams; r != nil {
+		out.RedisStreams = &config.RedisStreams{
+			Address: r.Address, PasswordEnv: addSecret(envRedisPassword, r.PasswordSecretRef),
+			Stream: r.Stream, Group: r.Group, BodyField: r.BodyField, ClaimMinIdle: dur(r.ClaimMinIdle),
+			TLS: renderTLS(r.TLS, addSecret),
+		}
+	}
+	return out
+}
+
+func renderMessage(m messagingv1alpha1.MessageSpec) config.Message {
+	out := config.Message{ID: config.Extractor{Header: m.ID.Header, JSONPath: string(m.ID.JSONPath), BrokerNative: m.ID.BrokerNative}}
+	if e := m.Entity; e != nil {
+		out.Entity = &config.Entity{
+			Key:      config.Extractor{Header: e.Key.Header, JSONPath: string(e.Key.JSONPath)},
+			Sequence: config.Extractor{Header: e.Sequence.Header, JSONPath: string(e.Sequence.JSONPath)},
+		}
+	}
+	return out
+}
+
+func columns(c messagingv1alpha1.Columns) map[string]string {
+	out := make(map[string]string, len(c))
+	for k, v := range c {
+		out[k] = string(v)
+	}
+	return out
+}
+
+func renderEffect(s *messagingv1alpha1.IdempotentConsumerSpec) config.Effect {
+	e := s.Sink.Effect
+	var out config.Effect
+	if u := e.Upsert; u != nil {
+		keys := make([]string, len(u.Key))
+		for i, k := range u.Key {
+			keys[i] = string(k)
+		}
+		out.Upsert = &config.Upsert{Table: string(u.Table), Key: keys, Columns: columns(u.Columns), SequenceColumn: sequenceColumn(u, s.Message.Entity)}
+	}
+	if a := e.Append; a != nil {
+		out.Append = &config.Append{Table: string(a.Table), Columns: columns(a.Columns)}
+	}
+	if q := e.SQL; q != nil {
+		params := make(map[string]string, len(q.Params))
+		for k, v := range q.Params {
+			params[k] = string(v)
+		}
+		out.SQL = &config.SQL{Statement: q.Statement, Params: params}
+	}
+	if h := e.HTTP; h != nil {
+		out.HTTP = &config.HTTP{URL: h.URL, Method: string(h.Method), Timeout: dur(h.Timeout)}
+	}
+	return out
+}
+
+// sequenceColumn is the explicit sequenceColumn, else the column whose value
+// expression is the entity's sequence JSON path (sorted, so the choice is
+// stable).
+func sequenceColumn(u *messagingv1alpha1.UpsertEffect, entity *messagingv1alpha1.EntitySpec) string {
+	if u.SequenceColumn != "" {
+		return string(u.SequenceColumn)
+	}
+	if entity == nil || entity.Sequence.JSONPath == "" {
+		return ""
+	}
+	names := make([]string, 0, len(u.Columns))
+	for k := range u.Columns {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		if string(u.Columns[k]) == string(entity.Sequence.JSONPath) {
+			return k
+		}
+	}
+	return ""
+}

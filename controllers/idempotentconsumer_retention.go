@@ -1,0 +1,118 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/retention"
+)
+
+// RetentionDeriver derives the retention window from the broker's live
+// settings (or the spec, for Explicit mode).
+type RetentionDeriver interface {
+	Derive(ctx context.Context, cfg *config.Config, getenv func(string) string, now time.Time) (retention.Result, error)
+}
+
+// BrokerRetention is the RetentionDeriver on runtime/retention, the same code
+// the prune job runs.
+type BrokerRetention struct{}
+
+// Derive implements RetentionDeriver.
+func (BrokerRetention) Derive(ctx context.Context, cfg *config.Config, getenv func(string) string, now time.Time) (retention.Result, error) {
+	return retention.Derive(ctx, cfg, getenv, now)
+}
+
+// reconcileRetention resolves the window in force and returns it (0 when
+// unresolved: pruning is then suspended). A window that grows applies at
+// once; one that shrinks waits until the old window has elapsed. When the
+// broker cannot be read the last window stays in force, never a smaller one.
+func (r *Reconciler) reconcileRetention(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) time.Duration {
+	now := r.opts.Clock.Now()
+	current := appliedFromStatus(idc.Status.Retention)
+	derived, err := r.opts.Retention.Derive(ctx, rc.Config, secrets.getenv, now)
+	switch {
+	case errors.Is(err, retention.ErrUnboundedReplay):
+		msg := fmt.Sprintf("the broker can replay without bound (%s); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile", derived.DerivedFrom)
+		obs.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+		obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+		idc.Status.Retention = retentionStatus(derived, now)
+		idc.Status.Retention.Window = ""
+		return 0
+	case err != nil:
+		kept := "no window was resolved yet, so pruning is suspended"
+		if current != nil {
+			kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
+		}
+		obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %v; %s", err, kept))
+		if current == nil {
+			return 0
+		}
+		return current.InForce.Window
+	}
+	next, pending := retention.Adopt(current, derived, now)
+	if !pending {
+		idc.Status.Retention = retentionStatus(next.InForce, now)
+	} else {
+		idc.Status.Retention.PendingWindow = retention.FormatDuration(next.Pending.Window)
+		idc.Status.Retention.PendingSince = &metav1.Time{Time: next.ShrinkObservedAt}
+	}
+	obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending))
+	return next.InForce.Window
+}
+
+func reasonFor(res retention.Result) string {
+	if res.Source == retention.SourceBroker {
+		return messagingv1alpha1.ReasonBrokerValues
+	}
+	return messagingv1alpha1.ReasonExplicit
+}
+
+func retentionMessage(a retention.Applied, pending bool) string {
+	msg := fmt.Sprintf("window %s from %s", retention.FormatDuration(a.InForce.Window), a.InForce.DerivedFrom)
+	if pending {
+		msg += fmt.Sprintf("; a smaller window %s is adopted at %s, once the current one has elapsed",
+			retention.FormatDuration(a.Pending.Window), a.ShrinkDueAt().UTC().Format(time.RFC3339))
+	}
+	return msg
+}
+
+// appliedFromStatus rebuilds the shrink state kept in status.retention.
+func appliedFromStatus(st *messagingv1alpha1.RetentionStatus) *retention.Applied {
+	if st == nil || st.Window == "" {
+		return nil
+	}
+	w, err := time.ParseDuration(st.Window)
+	if err != nil || w <= 0 {
+		return nil
+	}
+	a := &retention.Applied{InForce: retention.Result{Window: w}}
+	if st.PendingWindow != "" && st.PendingSince != nil {
+		if pw, err := time.ParseDuration(st.PendingWindow); err == nil {
+			a.Pending = &retention.Result{Window: pw}
+			a.ShrinkObservedAt = st.PendingSince.Time
+		}
+	}
+	return a
+}
+
+func retentionStatus(res retention.Result, now time.Time) *messagingv1alpha1.RetentionStatus {
+	st := &messagingv1alpha1.RetentionStatus{
+		Window:      retention.FormatDuration(res.Window),
+		Source:      messagingv1alpha1.RetentionSourceKind(res.Source),
+		DerivedFrom: res.DerivedFrom,
+		ObservedAt:  &metav1.Time{Time: now},
+		InputsHash:  res.InputsHash,
+	}
+	// Explicit windows have no horizons to show.
+	if res.RedeliveryHorizon != (retention.Horizon{}) || res.ReplayHorizon != (retention.Horizon{}) {
+		st.RedeliveryHorizon = res.RedeliveryHorizon.String()
+		st.ReplayHorizon = res.ReplayHorizon.String()
+	}
+	return st
+}

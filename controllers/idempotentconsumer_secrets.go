@@ -1,0 +1,82 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+)
+
+// secretIndexKey indexes IdempotentConsumers by the Secrets they reference so
+// a Secret change is mapped back to its owners.
+const secretIndexKey = ".spec.secretRefs"
+
+// secretNames lists the Secrets a resource references (for the field index).
+func secretNames(idc *messagingv1alpha1.IdempotentConsumer) []string {
+	rc, err := renderConfig(idc)
+	if err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range rc.Secrets {
+		if !seen[s.Ref.Name] {
+			seen[s.Ref.Name] = true
+			out = append(out, s.Ref.Name)
+		}
+	}
+	return out
+}
+
+// resolvedSecrets holds the credential values by env var name, for the
+// controller's own connections (database, broker introspection). They are
+// never logged nor written anywhere.
+type resolvedSecrets struct {
+	values map[string]string
+	// hash of the referenced data: rotating a Secret rolls the pods.
+	hash string
+}
+
+func (s *resolvedSecrets) getenv(name string) string { return s.values[name] }
+
+// secretError is a missing Secret or key; it carries the condition reason.
+type secretError struct {
+	reason, message string
+}
+
+func (e *secretError) Error() string { return e.message }
+
+// resolveSecrets reads every referenced Secret key.
+func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig) (*resolvedSecrets, error) {
+	out := &resolvedSecrets{values: map[string]string{}}
+	h := sha256.New()
+	refs := append([]secretEnv(nil), rc.Secrets...)
+	sort.Slice(refs, func(i, j int) bool { return refs[i].Env < refs[j].Env })
+	for _, s := range refs {
+		var sec corev1.Secret
+		if err := r.client.Get(ctx, types.NamespacedName{Namespace: idc.Namespace, Name: s.Ref.Name}, &sec); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &secretError{messagingv1alpha1.ReasonSecretNotFound,
+					fmt.Sprintf("Secret %q (for %s) does not exist in namespace %q; create it", s.Ref.Name, s.Env, idc.Namespace)}
+			}
+			return nil, fmt.Errorf("reading Secret %q: %w", s.Ref.Name, err)
+		}
+		v, ok := sec.Data[s.Ref.Key]
+		if !ok {
+			return nil, &secretError{messagingv1alpha1.ReasonSecretKeyMissing,
+				fmt.Sprintf("Secret %q has no key %q (for %s)", s.Ref.Name, s.Ref.Key, s.Env)}
+		}
+		out.values[s.Env] = string(v)
+		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(v))
+		h.Write(v)
+	}
+	out.hash = hex.EncodeToString(h.Sum(nil)[:8])
+	return out, nil
+}

@@ -1,0 +1,105 @@
+// Command manager runs the idc-operator controller manager.
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/controllers"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "manager:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
+		leaderElect, secureMetrics, enableHTTP2                bool
+		retentionPeriod                                       time.Duration
+		maxConcurrent                                         int
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "Address of the metrics endpoint (:8443 for HTTPS, :8080 for HTTP, 0 to disable).")
+	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization.")
+	flag.BoolVar(&enableHTTP2, "enable-http2", false, "Enable HTTP/2 for the metrics server (off: CVE-2023-44487, CVE-2023-39325).")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader so only one manager reconciles.")
+	flag.StringVar(&watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches all.")
+	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
+	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
+	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
+	opts := zap.Options{Development: false}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+
+	if runtimeImage == "" {
+		return fmt.Errorf("no runtime image: set --runtime-image or RUNTIME_IMAGE")
+	}
+
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(messagingv1alpha1.AddToScheme(scheme))
+
+	var tlsOpts []func(*tls.Config)
+	if !enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	metricsOpts := metricsserver.Options{BindAddress: metricsAddr, SecureServing: secureMetrics, TLSOpts: tlsOpts}
+	if secureMetrics {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	cacheOpts := cache.Options{}
+	if watchNamespaces != "" {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range strings.Split(watchNamespaces, ",") {
+			cacheOpts.DefaultNamespaces[strings.TrimSpace(ns)] = cache.Config{}
+		}
+	}
+
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsOpts,
+		HealthProbeBindAddress: probeAddr,
+		LeaderElection:         leaderElect,
+		LeaderElectionID:       "idc-operator.messaging.idempotency.dev",
+		Cache:                  cacheOpts,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	r := controllers.NewReconciler(mgr, controllers.Options{
+		RuntimeImage:    runtimeImage,
+		RetentionPeriod: retentionPeriod,
+		MaxConcurrent:   maxConcurrent,
+	})
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding the health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding the ready check: %w", err)
+	}
+	ctrl.Log.WithName("setup").Info("starting manager", "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
