@@ -59,17 +59,28 @@ test: ## Run the tests: unit, envtest (real kube-apiserver), real services, shor
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-e2e
-test-e2e: ## End-to-end suite (control plane + manager + local pod runner).
-	@echo "test-e2e: the end-to-end suite is not built yet (issue 6)"; exit 1
+test-e2e: ## End-to-end: control plane + real manager + local pod runner + real services.
+	@hack/services.sh check
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -count=1 -timeout 20m -v ./test/e2e/...
 
 .PHONY: test-chaos
 test-chaos: ## Long chaos run (100k messages, >= 30 SIGKILLs).
 	@echo "test-chaos: the chaos suite is not built yet (issue 6)"; exit 1
 
 .PHONY: bench
-bench: ## Data-plane benchmark: batched inbox vs per-message inbox vs no dedup.
+bench: ## Data-plane benchmark: batched inbox vs per-message inbox vs no dedup (JetStream -> upsert).
 	@hack/services.sh check
 	go test -run '^$$' -bench . -benchtime 1x -timeout 10m ./test/bench/...
+
+.PHONY: bench-prune
+bench-prune: ## Prune benchmark: 5M expired ids, Table batched delete vs Partitioned drop, under claim load.
+	@hack/services.sh check
+	go test -run '^$$' -bench . -benchtime 1x -timeout 40m ./test/benchprune/...
+
+.PHONY: bench-controller
+bench-controller: ## Controller benchmark: 300 resources to Ready against one PostgreSQL; manager RSS.
+	@hack/services.sh check
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/benchcontroller/...
 
 ##@ Build
 
@@ -84,7 +95,8 @@ run: manifests generate ## Run the manager against the cluster in ~/.kube/config
 
 .PHONY: demo
 demo: ## Run the demo locally (NATS JetStream -> PostgreSQL upsert). ARGS=--once exits after the summary.
-	@echo "demo: the demo is not built yet (issue 6)"; exit 1
+	@hack/services.sh check
+	go run ./hack/demo $(ARGS)
 
 .PHONY: docker-build
 docker-build: ## Build the image (needs a Docker engine; this machine kind has none).
