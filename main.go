@@ -2,9 +2,12 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -33,7 +36,7 @@ func main() {
 func run() error {
 	var (
 		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
-		leaderElect, secureMetrics, enableHTTP2                bool
+		leaderElect, secureMetrics, enableHTTP2               bool
 		retentionPeriod                                       time.Duration
 		maxConcurrent                                         int
 	)
@@ -97,7 +100,17 @@ func run() error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the health check: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	// Ready once the informer caches have synced, so a new leader does not
+	// report ready while it still reads an empty cache.
+	cacheSynced := func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 100*time.Millisecond)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("informer caches not synced yet")
+		}
+		return nil
+	}
+	if err := mgr.AddReadyzCheck("readyz", cacheSynced); err != nil {
 		return fmt.Errorf("adding the ready check: %w", err)
 	}
 	ctrl.Log.WithName("setup").Info("starting manager", "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)

@@ -68,7 +68,7 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 		opts.Clock = clock.RealClock{}
 	}
 	if opts.Inbox == nil {
-		opts.Inbox = PostgresInbox{}
+		opts.Inbox = NewPostgresInbox()
 	}
 	if opts.Retention == nil {
 		opts.Retention = BrokerRetention{}
@@ -197,12 +197,14 @@ func (r *Reconciler) reconcileChildren(ctx context.Context, idc *messagingv1alph
 		}
 	}
 
+	// The cache may not have seen a Deployment created a moment ago; the
+	// Owns watch brings us back when it does.
 	var live appsv1.Deployment
-	if err := r.client.Get(ctx, client.ObjectKeyFromObject(dep), &live); err != nil {
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(dep), &live); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("reading the Deployment back: %w", err)
 	}
 	idc.Status.Runtime = &messagingv1alpha1.RuntimeStatus{
-		Deployment: live.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: selectorFor(idc),
+		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: selectorFor(idc),
 	}
 	obs.runtime = runtimeOutcome(idc, &live)
 	obs.prune = pruneOutcome(idc, window)
@@ -212,6 +214,9 @@ func (r *Reconciler) reconcileChildren(ctx context.Context, idc *messagingv1alph
 func runtimeOutcome(idc *messagingv1alpha1.IdempotentConsumer, d *appsv1.Deployment) outcome {
 	if idc.Spec.Suspend {
 		return okOutcome(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
+	}
+	if d.UID == "" {
+		return failed(messagingv1alpha1.ReasonDeploymentNotReady, "the Deployment was just created; waiting for it to report status")
 	}
 	if ok, msg := deploymentAvailable(d); ok {
 		return okOutcome(messagingv1alpha1.ReasonReady, msg)

@@ -2,9 +2,12 @@ package controllers
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,42 +35,73 @@ type InboxClient interface {
 }
 
 // PostgresInbox is the InboxClient on runtime/inbox: the controller and the
-// runtime share one DDL.
-type PostgresInbox struct{}
+// runtime share one DDL. Pools are kept per DSN (most resources share a
+// database), so a reconcile does not pay a new connection each time; idle
+// connections are closed after a minute.
+type PostgresInbox struct {
+	mu    sync.Mutex
+	pools map[string]*pgxpool.Pool
+}
+
+// NewPostgresInbox returns an InboxClient with an empty pool cache.
+func NewPostgresInbox() *PostgresInbox {
+	return &PostgresInbox{pools: map[string]*pgxpool.Pool{}}
+}
 
 // errInvalidDSN marks a DSN that cannot be parsed; the parse error itself is
 // not kept because it may echo the DSN, password included.
 var errInvalidDSN = errors.New("the connection string cannot be parsed")
 
-func (PostgresInbox) with(ctx context.Context, dsn string, sink config.Sink, fn func(*inbox.Store) error) error {
+func (p *PostgresInbox) pool(dsn string) (*pgxpool.Pool, error) {
+	sum := sha256.Sum256([]byte(dsn))
+	key := hex.EncodeToString(sum[:])
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pool, ok := p.pools[key]; ok {
+		return pool, nil
+	}
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return errInvalidDSN
+		return nil, errInvalidDSN
 	}
-	pc.MaxConns = 1
+	pc.MaxConns = 4
+	pc.MinConns = 0
+	pc.MaxConnIdleTime = time.Minute
 	pc.ConnConfig.ConnectTimeout = dbTimeout
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("while creating a pool for the sink database: %w", err)
+	}
+	p.pools[key] = pool
+	return pool, nil
+}
+
+func (p *PostgresInbox) with(ctx context.Context, dsn string, sink config.Sink, fn func(context.Context, *inbox.Store) error) error {
+	pool, err := p.pool(dsn)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return fmt.Errorf("while connecting to the sink database: %w", err)
-	}
-	defer pool.Close()
 	store, err := inbox.New(pool, sink)
 	if err != nil {
 		return err
 	}
-	return fn(store)
+	return fn(ctx, store)
 }
 
-// Ensure implements InboxClient.
-func (p PostgresInbox) Ensure(ctx context.Context, dsn string, sink config.Sink) (int, error) {
+// Ensure implements InboxClient. An inbox already at this version costs one
+// query; only a missing or older one runs the DDL.
+func (p *PostgresInbox) Ensure(ctx context.Context, dsn string, sink config.Sink) (int, error) {
 	var v int
-	err := p.with(ctx, dsn, sink, func(s *inbox.Store) error {
+	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
+		var err error
+		if v, err = s.SchemaVersion(ctx); err != nil || v == inbox.SchemaVersion {
+			return err
+		}
 		if err := s.Migrate(ctx); err != nil {
 			return err
 		}
-		var err error
 		v, err = s.SchemaVersion(ctx)
 		return err
 	})
@@ -75,9 +109,9 @@ func (p PostgresInbox) Ensure(ctx context.Context, dsn string, sink config.Sink)
 }
 
 // LastPrune implements InboxClient.
-func (p PostgresInbox) LastPrune(ctx context.Context, dsn string, sink config.Sink) (*inbox.PruneRun, error) {
+func (p *PostgresInbox) LastPrune(ctx context.Context, dsn string, sink config.Sink) (*inbox.PruneRun, error) {
 	var run *inbox.PruneRun
-	err := p.with(ctx, dsn, sink, func(s *inbox.Store) error {
+	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
 		var err error
 		run, err = s.LastPruneRun(ctx)
 		return err
@@ -86,8 +120,8 @@ func (p PostgresInbox) LastPrune(ctx context.Context, dsn string, sink config.Si
 }
 
 // Drop implements InboxClient.
-func (p PostgresInbox) Drop(ctx context.Context, dsn string, sink config.Sink) error {
-	return p.with(ctx, dsn, sink, func(s *inbox.Store) error { return s.Drop(ctx) })
+func (p *PostgresInbox) Drop(ctx context.Context, dsn string, sink config.Sink) error {
+	return p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error { return s.Drop(ctx) })
 }
 
 // classifyDBError maps a database error to a condition reason and a message
@@ -105,7 +139,7 @@ func classifyDBError(err error, ref messagingv1alpha1.SecretKeyRef) (string, str
 		case pgErr.Code == "3D000":
 			return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("%s does not exist (SQLSTATE %s: %s)", where, pgErr.Code, pgErr.Message)
 		}
-		return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("provisioning the inbox in %s failed (SQLSTATE %s: %s)", where, pgErr.Code, pgErr.Message)
+		return messagingv1alpha1.ReasonProvisioningFailed, fmt.Sprintf("provisioning the inbox in %s failed (SQLSTATE %s: %s)", where, pgErr.Code, pgErr.Message)
 	}
 	return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("cannot reach %s: %s; retrying with backoff", where, redact(err.Error()))
 }

@@ -34,6 +34,7 @@ const (
 	ReasonSecretKeyMissing   = "SecretKeyMissing"
 	ReasonInvalidDSN         = "InvalidDSN"
 	ReasonDatabaseError      = "DatabaseUnreachable"
+	ReasonProvisioningFailed = "ProvisioningFailed"
 	ReasonPermissionDenied   = "PermissionDenied"
 	ReasonConflict           = "Conflict"
 	ReasonDeploymentNotReady = "DeploymentNotAvailable"

@@ -238,11 +238,13 @@ var _ = Describe("invalid resources", func() {
 		field   string
 		value   any
 	}{
-		"inbox table":           {nil, "spec.sink.inbox.table", "inbox_other"},
-		"postgres schema":       {nil, "spec.sink.postgres.schema", "other"},
-		"JetStream consumer":    {nil, "spec.source.natsJetStream.consumer", "other"},
-		"Kafka consumer group":  {func(o *unstructured.Unstructured) { set(o, "spec.source", m{"kafka": validKafka}) }, "spec.source.kafka.consumerGroup", "other"},
-		"Redis consumer group":  {func(o *unstructured.Unstructured) { set(o, "spec.source", m{"redisStreams": m{"address": "r:6379", "stream": "s", "group": "g"}}) }, "spec.source.redisStreams.group", "other"},
+		"inbox table":          {nil, "spec.sink.inbox.table", "inbox_other"},
+		"postgres schema":      {nil, "spec.sink.postgres.schema", "other"},
+		"JetStream consumer":   {nil, "spec.source.natsJetStream.consumer", "other"},
+		"Kafka consumer group": {func(o *unstructured.Unstructured) { set(o, "spec.source", m{"kafka": validKafka}) }, "spec.source.kafka.consumerGroup", "other"},
+		"Redis consumer group": {func(o *unstructured.Unstructured) {
+			set(o, "spec.source", m{"redisStreams": m{"address": "r:6379", "stream": "s", "group": "g"}})
+		}, "spec.source.redisStreams.group", "other"},
 	}
 	for name, c := range immutable {
 		It("refuses to change the "+name, func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,6 +17,12 @@ import (
 // existing inbox of the other layout: the layout cannot change in place.
 func (s *Store) Migrate(ctx context.Context) error {
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		// CREATE SCHEMA IF NOT EXISTS is not safe against a concurrent
+		// create (unique violation on pg_namespace): inboxes sharing a
+		// schema take turns on a schema-wide lock.
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int, 1)", schemaLockKey(s.names.Schema)); err != nil {
+			return fmt.Errorf("while taking the schema DDL lock: %w", err)
+		}
 		if err := execAll(ctx, tx, s.ddl()); err != nil {
 			return err
 		}
@@ -25,6 +32,10 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
 	}
 	return nil
+}
+
+func schemaLockKey(schema string) int32 {
+	return int32(crc32.ChecksumIEEE([]byte("schema:" + schema)))
 }
 
 func (s *Store) ddl() []string {

@@ -1,0 +1,309 @@
+package benchcontroller
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+)
+
+const (
+	namespace     = "idc-bench"
+	secretName    = "bench-db"
+	inboxSchema   = "projections"
+	streamMaxAge  = 48 * time.Hour
+	tablesPerIDC  = 4 // inbox, dead letters, prune runs, meta
+	defaultN      = 300
+	defaultWithin = 12 * time.Minute
+)
+
+// settings come from the environment so the Makefile target stays one line.
+type settings struct {
+	resources  int           // IDC_BENCH_RESOURCES
+	within     time.Duration // IDC_BENCH_TIMEOUT: how long all may take to become Ready
+	managerLog string        // IDC_BENCH_MANAGER_LOG: keep the manager's log there
+	// IDC_BENCH_MAX_CONCURRENT sets --max-concurrent-reconciles; unset keeps
+	// the manager's default.
+	maxConcurrent string
+}
+
+func readSettings(b *testing.B) settings {
+	s := settings{resources: defaultN, within: defaultWithin, managerLog: os.Getenv("IDC_BENCH_MANAGER_LOG"), maxConcurrent: os.Getenv("IDC_BENCH_MAX_CONCURRENT")}
+	if v := os.Getenv("IDC_BENCH_RESOURCES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("IDC_BENCH_RESOURCES=%q: want a positive integer", v)
+		}
+		s.resources = n
+	}
+	if v := os.Getenv("IDC_BENCH_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			b.Fatalf("IDC_BENCH_TIMEOUT=%q: want a positive Go duration", v)
+		}
+		s.within = d
+	}
+	return s
+}
+
+func resourceName(i int) string { return fmt.Sprintf("bench-%04d", i) }
+
+// newConsumer is the JetStream -> PostgreSQL upsert of the sample, with its
+// own inbox table and JetStream consumer (two resources sharing either are
+// a Conflict by design), on the shared database, schema and stream.
+func newConsumer(i int, stream, subjectPrefix string) *messagingv1alpha1.IdempotentConsumer {
+	name := resourceName(i)
+	suffix := strings.ReplaceAll(name, "-", "_")
+	return &messagingv1alpha1.IdempotentConsumer{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: messagingv1alpha1.IdempotentConsumerSpec{
+			Source: messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{
+				URL: natsURL(), Stream: stream, Consumer: name, FilterSubject: fmt.Sprintf("%s.%04d.>", subjectPrefix, i),
+			}},
+			Message: messagingv1alpha1.MessageSpec{
+				ID: messagingv1alpha1.IDSpec{Header: "Nats-Msg-Id"},
+				Entity: &messagingv1alpha1.EntitySpec{
+					Key:      messagingv1alpha1.FieldSpec{JSONPath: "$.orderId"},
+					Sequence: messagingv1alpha1.FieldSpec{JSONPath: "$.version"},
+				},
+			},
+			Sink: messagingv1alpha1.SinkSpec{
+				Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secretName, Key: "dsn"}, Schema: inboxSchema},
+				Inbox:    messagingv1alpha1.InboxSpec{Table: messagingv1alpha1.SQLIdentifier("inbox_" + suffix)},
+				Effect: messagingv1alpha1.EffectSpec{Upsert: &messagingv1alpha1.UpsertEffect{
+					Table: messagingv1alpha1.SQLIdentifier("orders_" + suffix), Key: []messagingv1alpha1.SQLIdentifier{"order_id"},
+					Columns:        messagingv1alpha1.Columns{"order_id": "$.orderId", "status": "$.status", "version": "$.version"},
+					SequenceColumn: "version",
+				}},
+			},
+			Runtime: messagingv1alpha1.RuntimeSpec{
+				Replicas: ptr.To(int32(2)),
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+				},
+			},
+		},
+	}
+}
+
+// BenchmarkController measures how long the real manager takes to bring N
+// IdempotentConsumers on one database to Ready, and its peak memory.
+func BenchmarkController(b *testing.B) {
+	s := readSettings(b)
+	dir := b.TempDir()
+	logPath := s.managerLog
+	if logPath == "" {
+		logPath = filepath.Join(dir, "manager.log")
+	}
+
+	// Registered first, cleaned up last: the manager stops, then envtest,
+	// then the stream is deleted and the database dropped.
+	dsn := newDatabase(b)
+	stream, subjectPrefix := newStream(b, streamMaxAge)
+	bin := buildManager(b, dir)
+	cl := startCluster(b, dir)
+	var extra []string
+	if s.maxConcurrent != "" {
+		extra = append(extra, "--max-concurrent-reconciles="+s.maxConcurrent)
+	}
+	mgr := startManager(b, bin, cl.kubeconfig, logPath, extra...)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	b.Cleanup(func() { cancel(); bg.Wait() })
+
+	setupCtx, setupCancel := context.WithTimeout(ctx, time.Minute)
+	defer setupCancel()
+	c := cl.client
+	if err := c.Create(setupCtx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		b.Fatalf("while creating namespace %s: %v", namespace, err)
+	}
+	if err := c.Create(setupCtx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: namespace},
+		StringData: map[string]string{"dsn": dsn},
+	}); err != nil {
+		b.Fatalf("while creating Secret %s: %v", secretName, err)
+	}
+	requestsBefore, err := requestCounts(setupCtx, cl.clientset)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	n := s.resources
+	deployments, inboxReady, ready := newFirstSeen(n), newFirstSeen(n), newFirstSeen(n)
+	player := &deploymentPlayer{c: c, created: deployments}
+	bg.Add(2)
+	go func() { defer bg.Done(); player.run(ctx, c, namespace) }()
+	go func() { defer bg.Done(); trackConsumers(ctx, c, namespace, inboxReady, ready) }()
+
+	// The first write of a custom resource warms the kube-apiserver's CRD
+	// handler (CEL programs, OpenAPI models: seconds on 2 cores); a dry run
+	// does that before the clock starts without creating anything.
+	warm := time.Now()
+	if err := c.Create(setupCtx, newConsumer(0, stream, subjectPrefix), client.DryRunAll); err != nil {
+		b.Fatalf("while warming up the kube-apiserver with a dry-run create: %v", err)
+	}
+	warmup := time.Since(warm)
+
+	b.ResetTimer()
+	createdAt := make(map[string]time.Time, n)
+	start := time.Now()
+	for i := range n {
+		idc := newConsumer(i, stream, subjectPrefix)
+		createdAt[idc.Name] = time.Now()
+		if err := c.Create(ctx, idc); err != nil {
+			b.Fatalf("while creating IdempotentConsumer %s: %v", idc.Name, err)
+		}
+	}
+	createsDone := time.Since(start)
+
+	deadline := time.NewTimer(s.within)
+	defer deadline.Stop()
+	select {
+	case <-ready.all:
+	case <-deadline.C:
+	case <-mgr.done:
+		b.Fatalf("the manager exited with %v after %s, %d/%d Ready\n%s",
+			mgr.waitErr, time.Since(start).Round(time.Millisecond), ready.count(), n, mgr.logTail(40))
+	}
+	b.StopTimer()
+	if ready.count() < n {
+		sum, _ := mgr.logSummary()
+		b.Fatalf("%d/%d IdempotentConsumers Ready after %s; the others, by Ready reason:%s\nmanager log: %s",
+			ready.count(), n, s.within, laggards(ctx, c), sum)
+	}
+	seconds := ready.last().Sub(start).Seconds()
+	peak, current, err := mgr.memory()
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	// Confirm through a direct read that every resource is Ready now, not
+	// only once.
+	var list messagingv1alpha1.IdempotentConsumerList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		b.Fatalf("while listing IdempotentConsumers: %v", err)
+	}
+	notReady := 0
+	for i := range list.Items {
+		if !conditionTrue(&list.Items[i], messagingv1alpha1.ConditionReady) {
+			notReady++
+		}
+	}
+	if len(list.Items) != n || notReady > 0 {
+		b.Fatalf("after all reported Ready once, %d of %d listed are not Ready now:%s", notReady, len(list.Items), laggards(ctx, c))
+	}
+
+	fmt.Printf("BENCH controller resources=%d seconds_to_ready=%.1f manager_rss_mib=%.0f\n", n, seconds, peak)
+	b.ReportMetric(seconds, "s_to_ready")
+	b.ReportMetric(peak, "rss_peak_MiB")
+	b.ReportMetric(current, "rss_MiB")
+
+	// Diagnostics for reading the number, not part of it. They go to stderr:
+	// the testing package cuts a benchmark's log after ten lines.
+	cpu, err := mgr.cpuSeconds()
+	if err != nil {
+		b.Fatal(err)
+	}
+	lat := ready.latencies(createdAt)
+	diag("dry-run warm-up create: %s", warmup.Round(time.Millisecond))
+	diag("creates: %d in %s; all Deployments seen at %s; all InboxReady at %s; all Ready at %s; manager VmHWM %.0f MiB, VmRSS %.0f MiB, CPU %.1fs",
+		n, createsDone.Round(time.Millisecond), sinceStart(deployments.last(), start), sinceStart(inboxReady.last(), start),
+		sinceStart(ready.last(), start), peak, current, cpu)
+	diag("create -> Ready per resource: p50 %s, p90 %s, max %s",
+		percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond))
+	player.mu.Lock()
+	diag("Deployment player: %d status writes, %d conflicts, %d other failures (last: %v)", player.marked, player.conflicts, player.failure, player.lastErr)
+	player.mu.Unlock()
+	if tables, err := countTables(ctx, dsn, inboxSchema); err != nil {
+		diag("counting the provisioned tables: %v", err)
+	} else if tables != tablesPerIDC*n {
+		b.Errorf("schema %s holds %d tables, want %d (%d per resource)", inboxSchema, tables, tablesPerIDC*n, tablesPerIDC)
+	}
+	if after, err := requestCounts(ctx, cl.clientset); err != nil {
+		diag("%v", err)
+	} else {
+		diag("kube-apiserver requests during the run (count verb resource code; the benchmark's own: POST idempotentconsumers, PUT deployments/status, LIST/WATCH):%s",
+			requestDelta(requestsBefore, after))
+	}
+	if sum, err := mgr.logSummary(); err != nil {
+		diag("reading the manager's log: %v", err)
+	} else {
+		where := logPath
+		if s.managerLog == "" {
+			where = "removed at exit; set IDC_BENCH_MANAGER_LOG to keep it"
+		}
+		diag("manager log (%s): %s", where, sum)
+	}
+}
+
+func diag(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "benchcontroller: "+format+"\n", args...)
+}
+
+func sinceStart(t, start time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.Sub(start).Round(time.Millisecond).String()
+}
+
+// laggards groups the resources that are not Ready by their Ready reason,
+// with one example message each.
+func laggards(ctx context.Context, c client.Client) string {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var list messagingv1alpha1.IdempotentConsumerList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return fmt.Sprintf(" (listing failed: %v)", err)
+	}
+	type group struct {
+		count   int
+		example string
+	}
+	groups := map[string]*group{}
+	for i := range list.Items {
+		idc := &list.Items[i]
+		if conditionTrue(idc, messagingv1alpha1.ConditionReady) {
+			continue
+		}
+		key, msg := "<no Ready condition>", ""
+		if cond := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionReady); cond != nil {
+			key = fmt.Sprintf("%s/%s", cond.Status, cond.Reason)
+			if cond.ObservedGeneration != idc.Generation {
+				key += fmt.Sprintf(" (condition of generation %d, object at %d)", cond.ObservedGeneration, idc.Generation)
+			}
+			msg = cond.Message
+		}
+		if groups[key] == nil {
+			groups[key] = &group{example: idc.Name + ": " + msg}
+		}
+		groups[key].count++
+	}
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return groups[keys[i]].count > groups[keys[j]].count })
+	var sb strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "\n  %4d  %s  e.g. %s", groups[k].count, k, groups[k].example)
+	}
+	return sb.String()
+}

@@ -1,0 +1,226 @@
+package benchcontroller
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idempotency-dev/idc-operator/internal/testenv"
+)
+
+// buildManager builds the repository's main package, the manager binary the
+// image ships.
+func buildManager(b *testing.B, dir string) string {
+	b.Helper()
+	bin := filepath.Join(dir, "manager")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/idempotency-dev/idc-operator")
+	cmd.Dir = testenv.RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("while building the manager: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// managerProcess is the manager running as a subprocess.
+type managerProcess struct {
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{} // closed when the process exited
+	waitErr error
+}
+
+func freePort(b *testing.B) int {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startManager runs bin against kubeconfig and waits for its /readyz. Its
+// output goes to logPath. It is stopped with SIGTERM at cleanup.
+func startManager(b *testing.B, bin, kubeconfig, logPath string, extraArgs ...string) *managerProcess {
+	b.Helper()
+	probe := fmt.Sprintf("127.0.0.1:%d", freePort(b))
+	args := append([]string{
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=" + probe,
+		// Long enough that no periodic re-derivation falls inside the run.
+		"--retention-period=1h",
+		"--leader-elect=false",
+	}, extraArgs...)
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "RUNTIME_IMAGE=idc-operator:bench")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		b.Fatalf("while starting the manager: %v", err)
+	}
+	m := &managerProcess{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		m.waitErr = cmd.Wait()
+		logFile.Close()
+		close(m.done)
+	}()
+	b.Cleanup(m.stop)
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-m.done:
+			b.Fatalf("the manager exited during startup: %v\n%s", m.waitErr, m.logTail(40))
+		default:
+		}
+		if resp, err := http.Get("http://" + probe + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return m
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the manager's /readyz on %s did not answer 200 within 60s\n%s", probe, m.logTail(40))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// exited reports whether the process is gone.
+func (m *managerProcess) exited() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends SIGTERM, waits for the graceful shutdown, then kills.
+func (m *managerProcess) stop() {
+	if m.exited() {
+		return
+	}
+	_ = m.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-m.done:
+	case <-time.After(30 * time.Second):
+		_ = m.cmd.Process.Kill()
+		<-m.done
+	}
+}
+
+// memory returns VmHWM (peak resident set) and VmRSS of the process, in MiB.
+func (m *managerProcess) memory() (peak, current float64, err error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", m.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0, fmt.Errorf("while reading the manager's /proc status: %w", err)
+	}
+	kib := map[string]float64{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "VmHWM" && k != "VmRSS") {
+			continue
+		}
+		f := strings.Fields(v) // "123456 kB"
+		if len(f) == 2 && f[1] == "kB" {
+			kib[k], _ = strconv.ParseFloat(f[0], 64)
+		}
+	}
+	if kib["VmHWM"] == 0 || kib["VmRSS"] == 0 {
+		return 0, 0, errors.New("no VmHWM/VmRSS in the manager's /proc status")
+	}
+	return kib["VmHWM"] / 1024, kib["VmRSS"] / 1024, nil
+}
+
+// cpuSeconds is the user+system CPU time the process used so far.
+func (m *managerProcess) cpuSeconds() (float64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("while reading the manager's /proc stat: %w", err)
+	}
+	// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / clockTicks, nil
+}
+
+// clockTicks is USER_HZ, 100 on Linux for every architecture Go supports.
+const clockTicks = 100
+
+func (m *managerProcess) logTail(n int) string {
+	raw, err := os.ReadFile(m.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// resourceNameRE folds the per-resource names out of log messages so that
+// identical errors on different resources group together.
+var resourceNameRE = regexp.MustCompile(`bench-\d{4}|inbox_bench_\d{4}\w*`)
+
+// logSummary groups the manager's error-level log lines by message and
+// error text, most frequent first.
+func (m *managerProcess) logSummary() (string, error) {
+	f, err := os.Open(m.logPath)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	counts := map[string]int{}
+	lines := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines++
+		var entry struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(sc.Bytes(), &entry) != nil || entry.Level != "error" {
+			continue
+		}
+		counts[entry.Msg+": "+resourceNameRE.ReplaceAllString(entry.Error, "<name>")]++
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d log lines, %d distinct errors", lines, len(keys))
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "\n  %5d  %s", counts[k], k)
+	}
+	return sb.String(), nil
+}
