@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/version"
+)
+
+// commonFlags are the flags every config-reading command takes.
+type commonFlags struct {
+	configPath string
+	logLevel   string
+}
+
+func (c *commonFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.configPath, "config", "", "path of the runtime config file (JSON)")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: info or debug")
+}
+
+// parseFlags parses args; -h is not an error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return withCode(exitUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return withCode(exitUsage, fmt.Errorf("unexpected arguments: %v", fs.Args()))
+	}
+	return nil
+}
+
+// newLogger writes one JSON object per line. logr's V(n) maps to slog level
+// -n, so debug (slog's -4) shows V(1) to V(4). An unknown level is an error,
+// returned with a usable info-level logger.
+func newLogger(level string, w io.Writer) (logr.Logger, error) {
+	var l slog.Level
+	switch level {
+	case "info", "":
+		l = slog.LevelInfo
+	case "debug":
+		l = slog.LevelDebug
+	default:
+		log, _ := newLogger("info", w)
+		return log, withCode(exitUsage, fmt.Errorf("--log-level must be info or debug, got %q", level))
+	}
+	return logr.FromSlogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+// setup reads the flags' logger and config; errors are usage errors.
+func (c *commonFlags) setup(command string, stderr io.Writer) (*config.Config, logr.Logger, error) {
+	log, err := newLogger(c.logLevel, stderr)
+	if err != nil {
+		return nil, log, err
+	}
+	log = log.WithValues("command", command, "version", version.Version)
+	if c.configPath == "" {
+		return nil, log, withCode(exitUsage, errors.New("--config is required"))
+	}
+	cfg, err := config.Load(c.configPath)
+	if err != nil {
+		return nil, log, withCode(exitUsage, fmt.Errorf("while loading config %s: %w", c.configPath, err))
+	}
+	return cfg, log.WithValues("idc", cfg.Name), nil
+}
+
+// newPool builds the pool from the DSN in the environment variable the
+// config names. It does not connect: the first use does, so a database that
+// is down is handled by the caller's retries. The DSN is never put in an
+// error or a log.
+func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
+	name := cfg.Sink.DSNEnv
+	dsn := os.Getenv(name)
+	if dsn == "" {
+		return nil, withCode(exitUsage, fmt.Errorf("environment variable %s (sink.dsnEnv, the PostgreSQL connection string) is not set or empty", name))
+	}
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// The parse error may quote parts of the DSN: it is not wrapped.
+		return nil, withCode(exitUsage, fmt.Errorf("environment variable %s does not hold a valid PostgreSQL connection string", name))
+	}
+	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pc.ConnConfig.RuntimeParams["application_name"] = "idc-runtime"
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("while creating the PostgreSQL pool: %w", err)
+	}
+	return pool, nil
+}
+
+// report logs a command's failure and returns its exit code.
+func report(log logr.Logger, err error) int {
+	code := exitCode(err)
+	if code != exitOK {
+		log.Error(err, "Command failed", "exitCode", code)
+	}
+	return code
+}
+
+// startupBackoff is the wait before attempt n+1 of a startup step:
+// exponential from initial, capped at maxWait.
+func startupBackoff(n int, initial, maxWait time.Duration) time.Duration {
+	d := initial
+	for i := 1; i < n && d < maxWait; i++ {
+		d *= 2
+	}
+	return min(d, maxWait)
+}
+
+// attemptTimeout bounds one startup attempt, so a dial that hangs is retried
+// instead of blocking the start forever.
+const attemptTimeout = 30 * time.Second
+
+// retry runs fn until it succeeds or ctx ends, logging every failed attempt.
+// ok is false when ctx ended first.
+func retry[T any](ctx context.Context, log logr.Logger, step string, d config.Delivery, fn func(context.Context) (T, error)) (T, bool) {
+	var zero T
+	for n := 1; ; n++ {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		v, err := fn(actx)
+		cancel()
+		if err == nil {
+			if n > 1 {
+				log.Info("Startup step succeeded after retries", "step", step, "attempts", n)
+			}
+			return v, true
+		}
+		if ctx.Err() != nil {
+			return zero, false
+		}
+		wait := startupBackoff(n, d.BackoffInitial.Duration, d.BackoffMax.Duration)
+		log.Error(err, "Startup step failed; retrying", "step", step, "attempt", n, "retryIn", wait.String())
+		select {
+		case <-ctx.Done():
+			return zero, false
+		case <-time.After(wait):
+		}
+	}
+}

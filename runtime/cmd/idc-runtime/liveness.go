@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/idempotency-dev/idc-operator/runtime/consumer"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// minWedgeAfter is the shortest silence after which the loop counts as
+// wedged. A healthy loop touches the broker at least every maxWait; a batch
+// that cannot commit retries with at most backoffMax between attempts. A
+// loop silent for this long is better restarted: nothing uncommitted was
+// acknowledged, so the broker redelivers it and the inbox dedupes.
+const minWedgeAfter = 10 * time.Minute
+
+// loopState answers the probes: /readyz from the consumer, /healthz from the
+// time of the loop's last call into the source.
+type loopState struct {
+	consumer   atomic.Pointer[consumer.Consumer]
+	lastActive atomic.Int64 // unix nanoseconds; zero until the loop runs
+	wedgeAfter time.Duration
+	now        func() time.Time
+}
+
+func newLoopState(backoffMax time.Duration) *loopState {
+	return &loopState{wedgeAfter: max(minWedgeAfter, 5*backoffMax), now: time.Now}
+}
+
+func (s *loopState) ready() bool {
+	c := s.consumer.Load()
+	return c != nil && c.Ready()
+}
+
+// live is nil while starting (the startup retries log their own progress)
+// and while the loop keeps reaching the source.
+func (s *loopState) live() error {
+	last := s.lastActive.Load()
+	if last == 0 {
+		return nil
+	}
+	if idle := s.now().Sub(time.Unix(0, last)); idle > s.wedgeAfter {
+		return fmt.Errorf("the consumer loop has not fetched or acknowledged for %s (limit %s)",
+			idle.Round(time.Second), s.wedgeAfter)
+	}
+	return nil
+}
+
+func (s *loopState) touch() { s.lastActive.Store(s.now().UnixNano()) }
+
+// watchedSource records every call the loop makes into the source. Source
+// is set once the broker is reachable, before the loop runs.
+type watchedSource struct {
+	source.Source
+	state *loopState
+}
+
+func (w *watchedSource) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
+	w.state.touch()
+	defer w.state.touch()
+	return w.Source.Fetch(ctx, maxN, maxWait)
+}
+
+func (w *watchedSource) Ack(ctx context.Context, msgs []source.Message) error {
+	defer w.state.touch()
+	return w.Source.Ack(ctx, msgs)
+}

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+)
+
+// migrateTimeout bounds the one-shot migration (DDL waits for locks).
+const migrateTimeout = 2 * time.Minute
+
+func migrateCommand(args []string, stderr io.Writer) int {
+	var flags commonFlags
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	flags.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return exitCode(err)
+	}
+	cfg, log, err := flags.setup("migrate", stderr)
+	if err != nil {
+		return report(log, err)
+	}
+	return report(log, migrate(cfg, log))
+}
+
+func migrate(cfg *config.Config, log logr.Logger) error {
+	pool, err := newPool(cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := inbox.New(pool, cfg.Sink)
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
+	defer cancel()
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	n := store.Names()
+	log.Info("Inbox migrated", "schema", n.Schema, "inbox", n.Inbox, "deadLetters", n.DeadLetters,
+		"layout", string(cfg.Sink.Layout), "schemaVersion", inbox.SchemaVersion)
+	return nil
+}

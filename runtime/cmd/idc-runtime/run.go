@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/consumer"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/server"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+	"github.com/idempotency-dev/idc-operator/runtime/source/open"
+)
+
+// failpointEnv arms a crash point for chaos tests only (see the package
+// comment).
+const (
+	failpointEnv         = "IDC_FAILPOINT"
+	failpointAfterCommit = "after-commit-before-ack"
+)
+
+// shutdownTimeout bounds the HTTP server's shutdown after the loop stopped.
+const shutdownTimeout = 5 * time.Second
+
+func runCommand(args []string, stderr io.Writer) int {
+	var flags commonFlags
+	var consumerName string
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	flags.register(fs)
+	fs.StringVar(&consumerName, "consumer-name", "", "this replica's name on the broker (default $POD_NAME, else the host name)")
+	if err := parseFlags(fs, args); err != nil {
+		return exitCode(err)
+	}
+	cfg, log, err := flags.setup("run", stderr)
+	if err != nil {
+		return report(log, err)
+	}
+	if consumerName, err = resolveConsumerName(consumerName); err != nil {
+		return report(log, err)
+	}
+	log = log.WithValues("replica", consumerName)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		// A second signal now kills at once (the default action).
+		stop()
+	}()
+	return report(log, runConsumer(ctx, cfg, log, consumerName))
+}
+
+func resolveConsumerName(flagValue string) (string, error) {
+	if flagValue != "" {
+		return flagValue, nil
+	}
+	if pod := os.Getenv("POD_NAME"); pod != "" {
+		return pod, nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", withCode(exitUsage, fmt.Errorf("while reading the host name for the consumer name (set --consumer-name or POD_NAME): %w", err))
+	}
+	return host, nil
+}
+
+// armFailpoint wires IDC_FAILPOINT. An unknown value is an error, so a typo
+// in a chaos test cannot silently disable the crash it expects.
+func armFailpoint(value string, log logr.Logger) error {
+	switch value {
+	case "":
+		return nil
+	case failpointAfterCommit:
+		log.Info("CHAOS FAILPOINT ARMED: the process will SIGKILL itself after the first commit, before acknowledging",
+			"env", failpointEnv, "value", value)
+		consumer.AfterCommitHook = func() {
+			// A real kill, not os.Exit: no deferred function, flush or
+			// acknowledgement may run after the commit.
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Hour) // the signal is asynchronous; never return to the ack
+		}
+		return nil
+	}
+	return withCode(exitUsage, fmt.Errorf("%s=%q is not a known failpoint (only %q)", failpointEnv, value, failpointAfterCommit))
+}
+
+// runConsumer serves the probes and metrics, gets the database and broker
+// ready (retrying while either is down), and runs the loop until ctx ends.
+func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string) error {
+	if err := armFailpoint(os.Getenv(failpointEnv), log); err != nil {
+		return err
+	}
+	pool, err := newPool(cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := consumer.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	state := newLoopState(cfg.Delivery.BackoffMax.Duration)
+	srv, err := server.Start(cfg.HealthAddr, reg, server.Checks{Live: state.live, Ready: state.ready})
+	if err != nil {
+		return err
+	}
+	log.Info("Serving metrics and health", "address", srv.Addr())
+	defer shutdownServer(srv, log)
+
+	// The server failing stops the loop gracefully; its error is returned.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		if err := <-srv.Err(); err != nil {
+			cancel(err)
+		}
+	}()
+	if err := consume(ctx, cfg, log, consumerName, pool, metrics, state); err != nil {
+		return err
+	}
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	log.Info("Stopped gracefully")
+	return nil
+}
+
+func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, state *loopState) error {
+	store, err := inbox.New(pool, cfg.Sink)
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	// Built before anything is dialled, so a config the loop cannot run
+	// fails at once instead of after the database and broker are up.
+	watched := &watchedSource{state: state}
+	c, err := consumer.New(watched, pool, cfg, metrics, log)
+	if err != nil {
+		return withCode(exitUsage, fmt.Errorf("while building the consumer: %w", err))
+	}
+	state.consumer.Store(c)
+	// Migrating here makes a pod work even before the controller provisioned
+	// the inbox; it is idempotent.
+	if _, ok := retry(ctx, log, "migrate inbox", cfg.Delivery, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, store.Migrate(ctx)
+	}); !ok {
+		return nil
+	}
+	src, ok := retry(ctx, log, "open source", cfg.Delivery, func(ctx context.Context) (source.Source, error) {
+		return open.Open(ctx, cfg, log, consumerName)
+	})
+	if !ok {
+		return nil
+	}
+	defer func() {
+		if err := src.Close(); err != nil {
+			log.Error(err, "Closing the source failed")
+		}
+	}()
+	watched.Source = src
+	state.touch()
+	log.Info("Consuming", "source", cfg.Source.Kind(), "effect", cfg.Sink.Effect.Kind(),
+		"inbox", store.QualifiedInbox(), "layout", string(cfg.Sink.Layout))
+	if err := c.Run(ctx); err != nil {
+		return fmt.Errorf("while consuming: %w", err)
+	}
+	return nil
+}
+
+func shutdownServer(srv *server.Server, log logr.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		log.Error(err, "Shutting the metrics and health server down failed")
+	}
+}
