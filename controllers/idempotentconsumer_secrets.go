@@ -74,7 +74,7 @@ func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.
 				fmt.Sprintf("Secret %q has no key %q (for %s)", s.Ref.Name, s.Ref.Key, s.Env)}
 		}
 		out.values[s.Env] = string(v)
-		fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(v))
+		_, _ = fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(v))
 		h.Write(v)
 	}
 	out.hash = hex.EncodeToString(h.Sum(nil)[:8])

@@ -113,7 +113,7 @@ func TestRenderConfigIsStableAndCarriesNoCredentials(t *testing.T) {
 	if c.Delivery.BatchSize != 200 || c.Delivery.MaxWait.Duration != 100*time.Millisecond || c.Delivery.BackoffMax.Duration != 30*time.Second {
 		t.Errorf("delivery not rendered: %+v", c.Delivery)
 	}
-	if c.Name != "shop/orders" || c.Sink.DSNEnv != envPostgresDSN || c.Sink.DeadLetterTable != "inbox_orders_dead_letters" {
+	if c.Name != "shop/orders" || c.Sink.DSNEnv != envPostgresDSN || c.Sink.DeadLetterTable != "" {
 		t.Errorf("unexpected config: name %q dsnEnv %q deadLetters %q", c.Name, c.Sink.DSNEnv, c.Sink.DeadLetterTable)
 	}
 	if len(a.Secrets) != 1 || a.Secrets[0].Ref.Name != "orders-db" {

@@ -156,7 +156,3 @@ type IdempotentConsumerList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []IdempotentConsumer `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&IdempotentConsumer{}, &IdempotentConsumerList{})
-}

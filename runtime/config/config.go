@@ -164,7 +164,7 @@ type Sink struct {
 	Schema          string `json:"schema"`
 	InboxTable      string `json:"inboxTable"`
 	Layout          Layout `json:"layout"`
-	DeadLetterTable string `json:"deadLetterTable"`
+	DeadLetterTable string `json:"deadLetterTable,omitempty"`
 	Effect          Effect `json:"effect"`
 }
 
@@ -309,10 +309,25 @@ func (c *Config) Default() {
 	if c.Sink.Layout == "" {
 		c.Sink.Layout = LayoutTable
 	}
-	if c.Sink.DeadLetterTable == "" && c.Sink.InboxTable != "" {
-		c.Sink.DeadLetterTable = c.Sink.InboxTable + "_dead_letters"
+	c.Delivery.defaults()
+	c.Source.defaults(c.Delivery.BatchSize)
+	if h := c.Sink.Effect.HTTP; h != nil {
+		if h.Method == "" {
+			h.Method = "POST"
+		}
+		if h.Timeout.Duration == 0 {
+			h.Timeout.Duration = 10 * time.Second
+		}
 	}
-	d := &c.Delivery
+	if c.Retention.PruneBatchSize == 0 {
+		c.Retention.PruneBatchSize = 10000
+	}
+	if c.Retention.PruneMaxDuration.Duration == 0 {
+		c.Retention.PruneMaxDuration.Duration = 10 * time.Minute
+	}
+}
+
+func (d *Delivery) defaults() {
 	if d.BatchSize == 0 {
 		d.BatchSize = 500
 	}
@@ -328,30 +343,19 @@ func (c *Config) Default() {
 	if d.BackoffMax.Duration == 0 {
 		d.BackoffMax.Duration = time.Minute
 	}
-	if r := c.Source.RabbitMQ; r != nil && r.Prefetch == 0 {
-		r.Prefetch = d.BatchSize
+}
+
+func (s *Source) defaults(batchSize int) {
+	if r := s.RabbitMQ; r != nil && r.Prefetch == 0 {
+		r.Prefetch = batchSize
 	}
-	if r := c.Source.RedisStreams; r != nil {
+	if r := s.RedisStreams; r != nil {
 		if r.BodyField == "" {
 			r.BodyField = "body"
 		}
 		if r.ClaimMinIdle.Duration == 0 {
 			r.ClaimMinIdle.Duration = 30 * time.Second
 		}
-	}
-	if h := c.Sink.Effect.HTTP; h != nil {
-		if h.Method == "" {
-			h.Method = "POST"
-		}
-		if h.Timeout.Duration == 0 {
-			h.Timeout.Duration = 10 * time.Second
-		}
-	}
-	if c.Retention.PruneBatchSize == 0 {
-		c.Retention.PruneBatchSize = 10000
-	}
-	if c.Retention.PruneMaxDuration.Duration == 0 {
-		c.Retention.PruneMaxDuration.Duration = 10 * time.Minute
 	}
 }
 
@@ -387,7 +391,11 @@ func (c *Config) Validate() error {
 	}
 	ident("sink.schema", s.Schema)
 	ident("sink.inboxTable", s.InboxTable)
-	ident("sink.deadLetterTable", s.DeadLetterTable)
+	// Empty: runtime/inbox derives "<inbox>_dead_letters", shortened with a
+	// hash when that would pass PostgreSQL's 63-byte limit.
+	if s.DeadLetterTable != "" {
+		ident("sink.deadLetterTable", s.DeadLetterTable)
+	}
 	if s.Layout != LayoutTable && s.Layout != LayoutPartitioned {
 		bad("sink.layout", "must be Table or Partitioned, got %q", s.Layout)
 	}

@@ -104,7 +104,7 @@ func (h *httpEffect) call(ctx context.Context, m *Record) (failureClass, error) 
 	if err != nil {
 		return outage, fmt.Errorf("while calling %s %s: %w", h.method, h.url, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	_, _ = io.Copy(io.Discard, resp.Body) // drain so the connection is reused
 	return classifyStatus(resp.StatusCode, snippet)

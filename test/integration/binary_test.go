@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,7 +33,7 @@ func buildBinary(t *testing.T) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("the go command is needed to build idc-runtime: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "idc-runtime")
 	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/idempotency-dev/idc-operator/runtime/cmd/idc-runtime")

@@ -35,7 +35,7 @@ func NewDatabase(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("pgtest: PostgreSQL is required for this test and is unreachable: %v", err)
 	}
-	defer admin.Close(context.Background())
+	defer func() { _ = admin.Close(context.Background()) }()
 	name := DatabasePrefix + "_" + randomSuffix(t)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: while creating database %s: %v", name, err)
@@ -94,7 +94,7 @@ func dropDatabase(t testing.TB, name string) {
 		t.Errorf("pgtest: while connecting to drop %s: %v", name, err)
 		return
 	}
-	defer admin.Close(context.Background())
+	defer func() { _ = admin.Close(context.Background()) }()
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 		t.Errorf("pgtest: while dropping database %s: %v", name, err)
 	}
