@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -197,7 +198,7 @@ type candidate struct {
 func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
 	var res Result
 	winners := map[string]candidate{}
-	var order []string // keys in first-seen order, for a stable statement
+	var order []string // keys, sorted below
 	valid := 0
 	for i, m := range recs {
 		key, c, err := u.evaluate(m)
@@ -219,6 +220,9 @@ func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Re
 	if len(winners) == 0 {
 		return res, nil
 	}
+	// Every transaction writes its keys in the same (sorted) order, so two
+	// replicas upserting overlapping keys cannot deadlock on each other.
+	sort.Strings(order)
 	rows := make([][]byte, len(order))
 	for i, k := range order {
 		rows[i] = winners[k].row

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -72,15 +73,19 @@ func (s *Store) claimPartitioned(ctx context.Context, tx pgx.Tx, ids []string, d
 		ON CONFLICT DO NOTHING RETURNING message_id`, ids, dates)
 }
 
+// dedupeClaims drops in-batch duplicates and sorts by id: every claim then
+// inserts its ids in the same order, so two replicas claiming overlapping
+// batches wait on each other instead of deadlocking (ON CONFLICT DO NOTHING
+// still waits for another transaction's uncommitted insert of the same id).
 func dedupeClaims(claims []Claim) ([]string, []time.Time) {
-	seen := make(map[string]struct{}, len(claims))
-	ids := make([]string, 0, len(claims))
-	days := make([]time.Time, 0, len(claims))
-	for _, c := range claims {
-		if _, dup := seen[c.MessageID]; dup {
+	sorted := append([]Claim(nil), claims...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].MessageID < sorted[j].MessageID })
+	ids := make([]string, 0, len(sorted))
+	days := make([]time.Time, 0, len(sorted))
+	for i, c := range sorted {
+		if i > 0 && c.MessageID == sorted[i-1].MessageID {
 			continue
 		}
-		seen[c.MessageID] = struct{}{}
 		ids = append(ids, c.MessageID)
 		days = append(days, Day(c.PublishedAt))
 	}

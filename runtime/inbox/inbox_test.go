@@ -307,6 +307,12 @@ func TestPrunePartitionsDropsWholeOldDays(t *testing.T) {
 	for d := -10; d <= 1; d++ {
 		claim(t, s, pool, Claim{MessageID: fmt.Sprintf("m%d", d), PublishedAt: today.AddDate(0, 0, d).Add(time.Hour)})
 	}
+	// Those ids were processed on their publish day...
+	pgtest.Exec(t, pool, "UPDATE "+s.QualifiedInbox()+" SET processed_at = published_on + interval '1 hour'")
+	// ...except one from a backlog: published 8 days ago, processed just now.
+	// It can still be redelivered, so its partition must survive the prune.
+	backlog := today.AddDate(0, 0, -8)
+	claim(t, s, pool, Claim{MessageID: "backlog", PublishedAt: backlog.Add(2 * time.Hour)})
 	if _, err := s.PruneTable(ctx, time.Hour, 10, time.Minute); err == nil {
 		t.Error("PruneTable must refuse a Partitioned inbox")
 	}
@@ -320,17 +326,19 @@ func TestPrunePartitionsDropsWholeOldDays(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range parts {
-		if !p.day.AddDate(0, 0, 1).After(res.Cutoff) {
+		if !p.day.AddDate(0, 0, 1).After(res.Cutoff) && !p.day.Equal(backlog) {
 			t.Errorf("partition %s is entirely older than cutoff %s but was kept", p.name, res.Cutoff)
 		}
 	}
-	// Days -10..-5 end before now-4d; day -4 ends after it unless the test
-	// runs exactly at midnight.
-	if res.PartitionsDropped != 6 || parts[0].day != today.AddDate(0, 0, -4) {
-		t.Errorf("dropped %d partitions, oldest left %v; want 6 dropped, oldest %v", res.PartitionsDropped, parts[0].day, today.AddDate(0, 0, -4))
+	// Days -10..-5 end before now-4d; day -8 holds the backlog id; day -4
+	// ends after the cutoff unless the test runs exactly at midnight.
+	if res.PartitionsDropped != 5 || !parts[0].day.Equal(backlog) || !parts[1].day.Equal(today.AddDate(0, 0, -4)) {
+		t.Errorf("dropped %d partitions, oldest left %v, %v; want 5 dropped, oldest %v then %v",
+			res.PartitionsDropped, parts[0].day, parts[1].day, backlog, today.AddDate(0, 0, -4))
 	}
+	assertSet(t, claim(t, s, pool, Claim{MessageID: "backlog", PublishedAt: backlog.Add(2 * time.Hour)}))
 	run, err := s.LastPruneRun(ctx)
-	if err != nil || run == nil || run.PartitionsDropped != 6 || run.Error != "" {
+	if err != nil || run == nil || run.PartitionsDropped != 5 || run.Error != "" {
 		t.Fatalf("LastPruneRun = %+v, %v", run, err)
 	}
 	// A message of a pruned day re-creates its partition on demand.

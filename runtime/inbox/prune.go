@@ -82,9 +82,12 @@ func (s *Store) PrunePartitions(ctx context.Context, window time.Duration) (Prun
 		if err != nil || p.day.AddDate(0, 0, 1).After(res.Cutoff) {
 			break
 		}
-		err = s.dropPartition(ctx, p.name)
-		if err == nil {
+		err = s.dropPartition(ctx, p.name, res.Cutoff)
+		switch {
+		case err == nil:
 			res.PartitionsDropped++
+		case errors.Is(err, errPartitionInUse):
+			err = nil
 		}
 	}
 	// A dropped day must be re-created if a message of that day still shows up.
@@ -92,7 +95,11 @@ func (s *Store) PrunePartitions(ctx context.Context, window time.Duration) (Prun
 	return res, s.finishRun(ctx, run, res, err)
 }
 
-func (s *Store) dropPartition(ctx context.Context, name string) error {
+// errPartitionInUse: a partition past the cutoff still holds recently
+// processed ids; it is kept until they expire.
+var errPartitionInUse = errors.New("partition holds ids processed after the cutoff")
+
+func (s *Store) dropPartition(ctx context.Context, name string, cutoff time.Time) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// DROP needs an exclusive lock on the parent; waiting behind a long
 		// claim would queue every new claim behind the DROP. Give up instead
@@ -100,7 +107,23 @@ func (s *Store) dropPartition(ctx context.Context, name string) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'"); err != nil {
 			return fmt.Errorf("while setting the lock timeout: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+qualify(s.names.Schema, name)); err != nil {
+		// The publish day is not the processing time: a message published
+		// long ago but first processed a moment ago (a backlog) sits in an
+		// old partition and may still be redelivered. With claims locked out
+		// (parent first, the order DROP locks in), keep a partition that
+		// holds any id processed after the cutoff.
+		if _, err := tx.Exec(ctx, "LOCK TABLE ONLY "+s.inbox+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return fmt.Errorf("while locking the inbox to drop %s: %w", name, err)
+		}
+		part := qualify(s.names.Schema, name)
+		var young bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+part+" WHERE processed_at >= $1)", cutoff).Scan(&young); err != nil {
+			return fmt.Errorf("while checking partition %s for recent ids: %w", name, err)
+		}
+		if young {
+			return errPartitionInUse
+		}
+		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+part); err != nil {
 			return fmt.Errorf("while dropping partition %s: %w", name, err)
 		}
 		return nil

@@ -248,15 +248,21 @@ func TestPrunePartitionsSafetyProperty(t *testing.T) {
 				`CREATE TABLE idc.inbox_orders_legacy PARTITION OF idc.inbox_orders FOR VALUES FROM ('2000-01-01') TO ('2000-02-01')`,
 				`INSERT INTO idc.inbox_orders (message_id, published_on) VALUES ('legacy-1', '2000-01-15')`)
 
+			// Each row was processed some time during its publish day (never
+			// after now): no late first delivery here, so publish day and
+			// processing agree on which side of the cutoff a row is.
 			n := 300 + rng.IntN(300)
 			ids := make([]string, n)
 			days := make([]pgtype.Date, n)
+			offs := make([]int64, n)
 			for i := range n {
 				ids[i] = fmt.Sprintf("p-%d-%d", seed, i)
 				days[i] = pgtype.Date{Time: first.AddDate(0, 0, rng.IntN(span)), Valid: true}
+				offs[i] = rng.Int64N(int64(24 * time.Hour / time.Microsecond))
 			}
-			if _, err := pool.Exec(ctx, `INSERT INTO idc.inbox_orders (message_id, published_on)
-				SELECT * FROM unnest($1::text[], $2::date[])`, ids, days); err != nil {
+			if _, err := pool.Exec(ctx, `INSERT INTO idc.inbox_orders (message_id, published_on, processed_at)
+				SELECT u.id, u.day, least(u.day::timestamp AT TIME ZONE 'UTC' + u.off * interval '1 microsecond', now())
+				FROM unnest($1::text[], $2::date[], $3::bigint[]) AS u(id, day, off)`, ids, days, offs); err != nil {
 				t.Fatal(err)
 			}
 			live := partitionedRows(t, pool)
@@ -464,10 +470,11 @@ func TestPrunedIDsLateOlderSequenceDoesNotRegress(t *testing.T) {
 					}
 				}
 
-				// Age and prune the inbox rows.
+				// Age the inbox rows (processed when published, ten days ago)
+				// and prune them.
+				pgtest.Exec(t, pool, "UPDATE idc.inbox_orders SET processed_at = now() - interval '10 days'")
 				var res inbox.PruneResult
 				if layout == config.LayoutTable {
-					pgtest.Exec(t, pool, "UPDATE idc.inbox_orders SET processed_at = now() - interval '10 days'")
 					res, err = s.PruneTable(ctx, window, 1+rng.IntN(10), time.Minute)
 				} else {
 					if err = s.EnsurePartitions(ctx, time.Now(), 2); err != nil {
