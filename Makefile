@@ -64,8 +64,9 @@ test-e2e: ## End-to-end: control plane + real manager + local pod runner + real 
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -count=1 -timeout 20m -v ./test/e2e/...
 
 .PHONY: test-chaos
-test-chaos: ## Long chaos run (100k messages, >= 30 SIGKILLs).
-	@echo "test-chaos: the chaos suite is not built yet (issue 6)"; exit 1
+test-chaos: ## Long chaos run: 100k messages, >= 30 SIGKILLs (some between COMMIT and ack), DB cuts.
+	@hack/services.sh check
+	IDC_CHAOS=long go test -count=1 -timeout 45m -run TestChaos -v ./test/chaos/...
 
 .PHONY: bench
 bench: ## Data-plane benchmark: batched inbox vs per-message inbox vs no dedup (JetStream -> upsert).

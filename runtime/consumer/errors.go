@@ -37,11 +37,14 @@ func isConnectionError(err error) bool {
 
 // isUnavailableSQLState: connection exceptions (08), operator intervention
 // (57P01 admin shutdown / pg_terminate_backend, 57P02 crash shutdown, 57P03
-// cannot connect now) and insufficient resources (53: disk full, out of
-// memory, too many connections).
+// cannot connect now), insufficient resources (53: disk full, out of
+// memory, too many connections) and transaction rollbacks caused by other
+// transactions (40001 serialization failure, 40P01 deadlock): none says
+// anything about the messages, so none may count toward dead-lettering.
 func isUnavailableSQLState(code string) bool {
 	return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "53") ||
-		code == "57P01" || code == "57P02" || code == "57P03"
+		code == "57P01" || code == "57P02" || code == "57P03" ||
+		code == "40001" || code == "40P01"
 }
 
 // backoff returns the wait before retry number n (1-based): exponential from
