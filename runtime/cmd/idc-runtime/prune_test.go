@@ -261,8 +261,9 @@ func TestPrunePartitioned(t *testing.T) {
 	if err := f.store.EnsurePartitions(ctx, old, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.store.QualifiedInbox()+` (message_id, published_on) VALUES ('a', $1), ('b', $1)`,
-		inbox.Day(old)); err != nil {
+	// Processed on their publish day, ten days ago: the whole partition expired.
+	if _, err := f.pool.Exec(ctx, `INSERT INTO `+f.store.QualifiedInbox()+` (message_id, published_on, processed_at) VALUES ('a', $1, $2), ('b', $1, $2)`,
+		inbox.Day(old), old); err != nil {
 		t.Fatal(err)
 	}
 	code, lines := f.run(t, "prune")
