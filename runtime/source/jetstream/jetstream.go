@@ -102,7 +102,7 @@ func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.O
 		}
 		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
 	}
-	tc, err := tlsConfig(cfg.TLS)
+	tc, err := cfg.TLS.ClientConfig()
 	if err != nil {
 		return nil, err
 	}

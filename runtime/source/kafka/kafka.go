@@ -102,7 +102,7 @@ func clientOptions(cfg *config.Kafka, log logr.Logger) ([]kgo.Opt, error) {
 		}
 		opts = append(opts, kgo.SASL(m))
 	}
-	tc, err := tlsConfig(cfg.TLS)
+	tc, err := cfg.TLS.ClientConfig()
 	if err != nil {
 		return nil, err
 	}

@@ -54,7 +54,7 @@ func TestTLS(t *testing.T) {
 	cert, caPEM := selfSigned(t)
 	f := newFixture(t, 1, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
 	t.Setenv("IDC_TEST_KAFKA_CA", caPEM)
-	tc, err := tlsConfig(&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"})
+	tc, err := (&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}).ClientConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal("New trusted an unknown CA")
 	}
 	t.Setenv("IDC_TEST_KAFKA_CA", "not pem")
-	if _, err := tlsConfig(&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}); err == nil {
+	if _, err := (&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}).ClientConfig(); err == nil {
 		t.Fatal("tlsConfig accepted a CA variable without PEM")
 	}
 }

@@ -116,7 +116,7 @@ func (s *Source) connect() (*session, error) {
 		// The parse error may quote the URI and its password: not wrapped.
 		return nil, fmt.Errorf("environment variable %s does not hold a valid amqp:// or amqps:// URI", s.cfg.URIEnv)
 	}
-	tc, err := tlsConfig(s.cfg.TLS)
+	tc, err := s.cfg.TLS.ClientConfig()
 	if err != nil {
 		return nil, err
 	}

@@ -112,7 +112,7 @@ func clientOptions(cfg *config.RedisStreams) (*redis.Options, error) {
 			return nil, fmt.Errorf("environment variable %s (Redis password) is empty", cfg.PasswordEnv)
 		}
 	}
-	tc, err := tlsConfig(cfg.TLS)
+	tc, err := cfg.TLS.ClientConfig()
 	if err != nil {
 		return nil, err
 	}

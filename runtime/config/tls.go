@@ -1,27 +1,22 @@
-package kafka
-
-// This file is duplicated in each adapter package (jetstream, kafka, rabbitmq,
-// redisstreams) because the adapters may not share a non-test package yet.
+package config
 
 import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
-
-	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
-// tlsConfig builds a client TLS configuration from PEM data held in the
-// environment variables the config names. It returns nil for a nil block.
-func tlsConfig(c *config.TLS) (*tls.Config, error) {
+// ClientConfig builds a client TLS configuration from the PEM data held in
+// the environment variables this block names. A nil block means no TLS.
+func (c *TLS) ClientConfig() (*tls.Config, error) {
 	if c == nil {
 		return nil, nil
 	}
 	out := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// The user opts into this explicitly in the IdempotentConsumer.
-		InsecureSkipVerify: c.InsecureSkipVerify,
+		InsecureSkipVerify: c.InsecureSkipVerify, //nolint:gosec
 	}
 	if c.CAEnv != "" {
 		pem := os.Getenv(c.CAEnv)
