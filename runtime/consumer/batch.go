@@ -231,9 +231,16 @@ func (c *Consumer) commit(ctx context.Context, recs []*extract.Message, dls []de
 		rows := make([]inbox.DeadLetter, len(dls))
 		for i, d := range dls {
 			rows[i] = d.row
-			out.dead[d.class]++
 		}
-		return c.store.DeadLetter(ctx, tx, rows)
+		inserted, err := c.store.DeadLetter(ctx, tx, rows)
+		// Only new rows count: a poison message redelivered by the broker
+		// is one dead letter, however often it comes back.
+		for i, d := range dls {
+			if err == nil && inserted[i] {
+				out.dead[d.class]++
+			}
+		}
+		return err
 	})
 	if err != nil {
 		// A partition pruned since it was cached shows up as a failed

@@ -142,12 +142,12 @@ type DeadLetter struct {
 	PublishedAt time.Time
 }
 
-// DeadLetter inserts the rows inside tx in one statement. A message already
-// dead-lettered under the same broker native id (a redelivered poison
-// message) is not inserted twice.
-func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {
+// DeadLetter inserts the rows inside tx in one statement and reports which
+// were new. A message already dead-lettered under the same broker native id
+// (a redelivered poison message) is not inserted twice.
+func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, dls []DeadLetter) ([]bool, error) {
 	if len(dls) == 0 {
-		return nil
+		return nil, nil
 	}
 	n := len(dls)
 	ids, natives, reasons, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -158,22 +158,47 @@ func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, dls []DeadLetter) err
 		payloads[i], attempts[i] = d.Payload, int32(d.Attempts)
 		h, err := json.Marshal(cleanHeaders(d.Headers))
 		if err != nil {
-			return fmt.Errorf("while encoding dead-letter headers: %w", err)
+			return nil, fmt.Errorf("while encoding dead-letter headers: %w", err)
 		}
 		headers[i] = string(h)
 		published[i] = pgtype.Timestamptz{Time: d.PublishedAt, Valid: !d.PublishedAt.IsZero()}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+s.deadLetters+`
+	rows, err := tx.Query(ctx, `INSERT INTO `+s.deadLetters+`
 		(message_id, native_id, reason, payload, headers, attempts, published_at)
 		SELECT NULLIF(u.id, ''), NULLIF(u.native, ''), u.reason, u.payload, u.headers::jsonb, u.attempts, u.published
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[], $7::timestamptz[])
 			AS u(id, native, reason, payload, headers, attempts, published)
-		ON CONFLICT (native_id) DO NOTHING`,
+		ON CONFLICT (native_id) DO NOTHING
+		RETURNING coalesce(native_id, '')`,
 		ids, natives, reasons, payloads, headers, attempts, published)
 	if err != nil {
-		return fmt.Errorf("while inserting %d dead letters: %w", n, err)
+		return nil, fmt.Errorf("while inserting %d dead letters: %w", n, err)
 	}
-	return nil
+	returned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("while inserting %d dead letters: %w", n, err)
+	}
+	return insertedRows(natives, returned), nil
+}
+
+// insertedRows maps the native ids RETURNING gave back onto the input rows:
+// a row without a native id never conflicts; of several rows sharing one,
+// only the first can have been inserted.
+func insertedRows(natives, returned []string) []bool {
+	fresh := map[string]bool{}
+	for _, n := range returned {
+		fresh[n] = true
+	}
+	out := make([]bool, len(natives))
+	for i, n := range natives {
+		if n == "" {
+			out[i] = true
+			continue
+		}
+		out[i] = fresh[n]
+		delete(fresh, n)
+	}
+	return out
 }
 
 // cleanText makes s storable in a text column: PostgreSQL rejects NUL bytes

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
-	"github.com/idempotency-dev/idc-operator/runtime/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 )
 
 var layouts = []config.Layout{config.LayoutTable, config.LayoutPartitioned}
@@ -223,13 +223,23 @@ func TestExistingUnclaimAndDeadLetter(t *testing.T) {
 		if err := s.Unclaim(ctx, tx, []string{"a"}); err != nil {
 			return err
 		}
-		return s.DeadLetter(ctx, tx, []DeadLetter{dl, dl, {NativeID: "", Reason: "no native id"}})
+		inserted, err := s.DeadLetter(ctx, tx, []DeadLetter{dl, dl, {NativeID: "", Reason: "no native id"}})
+		if err == nil && fmt.Sprint(inserted) != "[true false true]" {
+			t.Errorf("inserted = %v, want [true false true]", inserted)
+		}
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A redelivery of the same poison message is not dead-lettered twice.
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return s.DeadLetter(ctx, tx, []DeadLetter{dl}) }); err != nil {
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		inserted, err := s.DeadLetter(ctx, tx, []DeadLetter{dl})
+		if err == nil && inserted[0] {
+			t.Error("a redelivered dead letter was reported as new")
+		}
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	var n, nullIDs int

@@ -23,7 +23,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
-	"github.com/idempotency-dev/idc-operator/runtime/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 

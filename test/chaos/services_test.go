@@ -2,36 +2,24 @@ package chaos
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 const (
 	natsURL = "nats://127.0.0.1:4222"
-	// adminDSNEnv overrides the maintenance connection, as in
-	// test/integration and runtime/internal/pgtest.
-	adminDSNEnv     = "IDC_TEST_PG_DSN"
-	defaultAdminDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	// runtimeAppName is the application_name the runtime sets on its
 	// connections when the DSN names none: how the driver finds them.
 	runtimeAppName = "idc-runtime"
 )
-
-func adminDSN() string {
-	if v := os.Getenv(adminDSNEnv); v != "" {
-		return v
-	}
-	return defaultAdminDSN
-}
 
 // database is a PostgreSQL database private to one run, dropped (its
 // connections forced out) at the end.
@@ -43,29 +31,14 @@ type database struct {
 
 func newDatabase(t *testing.T) *database {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
-	if err != nil {
-		t.Fatalf("PostgreSQL is required for the chaos suite and is unreachable: %v", err)
-	}
-	defer admin.Close(context.Background())
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idc_chaos_test_" + hex.EncodeToString(b)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("creating database %s: %v", name, err)
-	}
-	t.Cleanup(func() { dropDatabase(t, name) })
-	cfg, err := pgx.ParseConfig(adminDSN())
+	name, dsn := pgtest.Create(t, "idc_chaos_test")
+	db := &database{name: name, dsn: dsn}
+	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := &database{name: name, dsn: fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)}
-	if db.pool, err = pgxpool.New(context.Background(), db.dsn); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.pool.Close)
+	t.Cleanup(pool.Close)
+	db.pool = pool
 	return db
 }
 
@@ -86,20 +59,6 @@ func (db *database) queryInt(ctx context.Context, sql string, args ...any) (int,
 	return n, nil
 }
 
-func dropDatabase(t *testing.T, name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
-	if err != nil {
-		t.Errorf("connecting to drop %s: %v", name, err)
-		return
-	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		t.Errorf("dropping database %s: %v", name, err)
-	}
-}
-
 // connectionCutter terminates the runtime's backends in one database, as an
 // operator's pg_terminate_backend, a failover or a proxy restart would. Its
 // own connection is to the maintenance database, so it survives its cuts.
@@ -112,7 +71,7 @@ func newConnectionCutter(t *testing.T, dbName string) *connectionCutter {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
+	admin, err := pgx.Connect(ctx, pgtest.AdminDSN())
 	if err != nil {
 		t.Fatalf("PostgreSQL is required for the chaos suite and is unreachable: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -127,7 +128,7 @@ func TestTerminatedConnectionsUnderLoad(t *testing.T) {
 	msgs := withDuplicates(plainEvents(unique), dupShare, rand.New(rand.NewPCG(7, 8)))
 	b.publish(t, msgs)
 
-	admin, err := pgx.Connect(context.Background(), adminDSN())
+	admin, err := pgx.Connect(context.Background(), pgtest.AdminDSN())
 	if err != nil {
 		t.Fatalf("PostgreSQL is required: %v", err)
 	}

@@ -2,29 +2,14 @@ package integration
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 )
-
-// adminDSNEnv overrides the maintenance connection, as in runtime/internal/pgtest
-// (which this package, outside runtime/, cannot import).
-const adminDSNEnv = "IDC_TEST_PG_DSN"
-
-const defaultAdminDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-
-func adminDSN() string {
-	if v := os.Getenv(adminDSNEnv); v != "" {
-		return v
-	}
-	return defaultAdminDSN
-}
 
 // database is a PostgreSQL database private to one test, dropped (with its
 // connections forced out) when the test ends.
@@ -36,26 +21,14 @@ type database struct {
 
 func newDatabase(t *testing.T) *database {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
-	if err != nil {
-		t.Fatalf("PostgreSQL is required for this test and is unreachable: %v", err)
-	}
-	defer admin.Close(context.Background())
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idc_integration_test_" + hex.EncodeToString(b)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("creating database %s: %v", name, err)
-	}
-	t.Cleanup(func() { dropDatabase(t, name) })
-	cfg, err := pgx.ParseConfig(adminDSN())
+	name, dsn := pgtest.Create(t, "idc_integration_test")
+	db := &database{name: name, dsn: dsn}
+	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := &database{name: name, dsn: fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)}
-	db.pool = db.newPool(t)
+	t.Cleanup(pool.Close)
+	db.pool = pool
 	return db
 }
 
@@ -98,18 +71,4 @@ func (db *database) terminateBackends(ctx context.Context, admin *pgx.Conn) (int
 		return 0, fmt.Errorf("while terminating backends: %w", err)
 	}
 	return n, nil
-}
-
-func dropDatabase(t *testing.T, name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
-	if err != nil {
-		t.Errorf("connecting to drop %s: %v", name, err)
-		return
-	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		t.Errorf("dropping database %s: %v", name, err)
-	}
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
-	"github.com/idempotency-dev/idc-operator/runtime/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 )
 
 const (

@@ -24,29 +24,37 @@ const defaultAdminDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=dis
 // DatabasePrefix starts the name of every database these helpers create.
 const DatabasePrefix = "idc_pipeline_test"
 
-// NewDatabase creates a uniquely named empty database and returns its DSN.
-// The database is dropped (connections forced out) when the test ends. A
-// server that cannot be reached fails the test: these tests are never skipped.
-func NewDatabase(t testing.TB) string {
+// Create creates an empty database named prefix_<random> and returns its
+// name and a DSN without application_name (so a program under test sets its
+// own). The database is dropped (connections forced out) when the test ends.
+// A server that cannot be reached fails the test: these tests never skip.
+func Create(t testing.TB, prefix string) (name, dsn string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
+	admin, err := pgx.Connect(ctx, AdminDSN())
 	if err != nil {
 		t.Fatalf("pgtest: PostgreSQL is required for this test and is unreachable: %v", err)
 	}
 	defer func() { _ = admin.Close(context.Background()) }()
-	name := DatabasePrefix + "_" + randomSuffix(t)
+	name = prefix + "_" + randomSuffix(t)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: while creating database %s: %v", name, err)
 	}
 	t.Cleanup(func() { dropDatabase(t, name) })
-	cfg, err := pgx.ParseConfig(adminDSN())
+	cfg, err := pgx.ParseConfig(AdminDSN())
 	if err != nil {
 		t.Fatalf("pgtest: while parsing the admin DSN: %v", err)
 	}
-	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable&application_name=%s",
-		cfg.User, cfg.Host, cfg.Port, name, name)
+	return name, fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
+}
+
+// NewDatabase creates a uniquely named empty database and returns its DSN,
+// tagged with application_name = the database name.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	name, dsn := Create(t, DatabasePrefix)
+	return dsn + "&application_name=" + name
 }
 
 // NewPool creates a database and a pool on it, closed at the end of the test.
@@ -71,7 +79,9 @@ func Exec(t testing.TB, pool *pgxpool.Pool, stmts ...string) {
 	}
 }
 
-func adminDSN() string {
+// AdminDSN is the maintenance connection: IDC_TEST_PG_DSN, else the
+// loopback server as user postgres, database postgres.
+func AdminDSN() string {
 	if v := os.Getenv(AdminDSNEnv); v != "" {
 		return v
 	}
@@ -89,7 +99,7 @@ func randomSuffix(t testing.TB) string {
 func dropDatabase(t testing.TB, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, adminDSN())
+	admin, err := pgx.Connect(ctx, AdminDSN())
 	if err != nil {
 		t.Errorf("pgtest: while connecting to drop %s: %v", name, err)
 		return
