@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
 var layouts = []config.Layout{config.LayoutTable, config.LayoutPartitioned}
