@@ -399,6 +399,21 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		Eventually(func() []string { return cronJob(name).Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args }, timeout, interval).Should(ContainElement("13h0m0s"))
 	})
 
+	It("keeps the last window, never a smaller one, while the broker is unreachable", func() {
+		create(newConsumer(name, stream, secret))
+		Eventually(windowOf(name), timeout, interval).Should(Equal("49h"))
+		Eventually(condition(name, messagingv1alpha1.ConditionRetentionResolved), timeout, interval).Should(Equal("True/Broker"))
+
+		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) {
+			idc.Spec.Source.NATSJetStream.URL = "nats://127.0.0.1:1"
+		})
+		Eventually(condition(name, messagingv1alpha1.ConditionRetentionResolved), timeout, interval).Should(Equal("False/BrokerUnreachable"))
+		Expect(conditionMessage(name, messagingv1alpha1.ConditionRetentionResolved)).To(ContainSubstring("keeping the last window 49h"))
+		Expect(get(name).Status.Retention.Window).To(Equal("49h"))
+		Expect(*cronJob(name).Spec.Suspend).To(BeFalse(), "pruning goes on with the last known window")
+		Expect(cronWindowArg(name)()).To(Equal("49h0m0s"))
+	})
+
 	It("stalls with UnboundedReplay and suspends pruning when the stream keeps messages forever", func() {
 		unbounded := newStream(0)
 		create(newConsumer(name, unbounded, secret))
