@@ -56,7 +56,11 @@ type Options struct {
 
 // Reconciler reconciles IdempotentConsumers.
 type Reconciler struct {
-	client   client.Client
+	client client.Client
+	// secrets reads Secrets straight from the API server: caching every
+	// Secret of the cluster (Helm releases, certificates...) would make the
+	// manager's memory grow with the cluster, not with its own work.
+	secrets  client.Reader
 	scheme   *runtime.Scheme
 	recorder recorder.EventRecorder
 	opts     Options
@@ -81,6 +85,7 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 	}
 	return &Reconciler{
 		client:   mgr.GetClient(),
+		secrets:  mgr.GetAPIReader(),
 		scheme:   mgr.GetScheme(),
 		recorder: mgr.GetEventRecorder("idc-operator"),
 		opts:     opts,
@@ -425,7 +430,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&batchv1.CronJob{}).
 		Owns(&corev1.ConfigMap{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.consumersOfSecret)).
+		// Only Secret metadata is cached: enough to map a change to its
+		// consumers; the data is read on demand.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.consumersOfSecret), builder.OnlyMetadata).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrent}).
 		Complete(r)
 }

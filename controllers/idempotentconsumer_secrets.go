@@ -59,14 +59,19 @@ func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.
 	h := sha256.New()
 	refs := append([]secretEnv(nil), rc.Secrets...)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Env < refs[j].Env })
+	read := map[string]*corev1.Secret{} // one GET per Secret, however many keys
 	for _, s := range refs {
-		var sec corev1.Secret
-		if err := r.client.Get(ctx, types.NamespacedName{Namespace: idc.Namespace, Name: s.Ref.Name}, &sec); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, &secretError{messagingv1alpha1.ReasonSecretNotFound,
-					fmt.Sprintf("Secret %q (for %s) does not exist in namespace %q; create it", s.Ref.Name, s.Env, idc.Namespace)}
+		sec, ok := read[s.Ref.Name]
+		if !ok {
+			sec = &corev1.Secret{}
+			if err := r.secrets.Get(ctx, types.NamespacedName{Namespace: idc.Namespace, Name: s.Ref.Name}, sec); err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil, &secretError{messagingv1alpha1.ReasonSecretNotFound,
+						fmt.Sprintf("Secret %q (for %s) does not exist in namespace %q; create it", s.Ref.Name, s.Env, idc.Namespace)}
+				}
+				return nil, fmt.Errorf("reading Secret %q: %w", s.Ref.Name, err)
 			}
-			return nil, fmt.Errorf("reading Secret %q: %w", s.Ref.Name, err)
+			read[s.Ref.Name] = sec
 		}
 		v, ok := sec.Data[s.Ref.Key]
 		if !ok {
