@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -433,8 +434,44 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// Only Secret metadata is cached: enough to map a change to its
 		// consumers; the data is read on demand.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.consumersOfSecret), builder.OnlyMetadata).
+		// A resource that goes away releases its inbox table and broker
+		// consumer: the one that lost the conflict takes over at once.
+		Watches(&messagingv1alpha1.IdempotentConsumer{}, handler.EnqueueRequestsFromMapFunc(r.rivalsOf), builder.WithPredicates(goingAway)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrent}).
 		Complete(r)
+}
+
+// goingAway passes deletions and the update that marks a resource deleted.
+var goingAway = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+	},
+}
+
+// rivalsOf maps a resource to the others claiming its inbox table or its
+// broker consumer.
+func (r *Reconciler) rivalsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	idc, ok := o.(*messagingv1alpha1.IdempotentConsumer)
+	if !ok {
+		return nil
+	}
+	var out []reconcile.Request
+	for index, value := range map[string]string{inboxIndexKey: inboxIdentity(idc), consumerIndexKey: consumerIdentity(idc)} {
+		var list messagingv1alpha1.IdempotentConsumerList
+		if err := r.client.List(ctx, &list, client.MatchingFields{index: value}); err != nil {
+			log.FromContext(ctx).Error(err, "listing resources that conflict with a deleted one", "consumer", klog.KObj(o))
+			continue
+		}
+		for _, other := range list.Items {
+			if other.UID != idc.UID {
+				out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: other.Namespace, Name: other.Name}})
+			}
+		}
+	}
+	return out
 }
 
 // consumersOfSecret maps a Secret to the resources that reference it.

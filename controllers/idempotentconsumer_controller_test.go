@@ -528,6 +528,23 @@ var _ = Describe("failures", func() {
 		Expect(tableExists("projections", string(first.Spec.Sink.Inbox.Table))).To(BeTrue())
 	})
 
+	It("lets the loser of a conflict take over at once when the winner is deleted", func() {
+		newSecret(name+"-db", testDSN)
+		first := newConsumer(name, stream, name+"-db")
+		create(first)
+		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), timeout, interval).Should(Equal("True/Provisioned"))
+		second := newConsumer(name+"-b", stream, name+"-db")
+		second.Spec.Sink.Inbox.Table = first.Spec.Sink.Inbox.Table
+		create(second)
+		Eventually(condition(name+"-b", messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("True/Conflict"))
+
+		Expect(k8sClient.Delete(ctx, first)).To(Succeed())
+		// Well inside the 5m re-derivation period: the deletion itself
+		// wakes the loser.
+		Eventually(condition(name+"-b", messagingv1alpha1.ConditionStalled), 20*time.Second, interval).Should(Equal("False/Ready"))
+		Expect(condition(name+"-b", messagingv1alpha1.ConditionInboxReady)()).To(Equal("True/Provisioned"))
+	})
+
 	It("stalls with Conflict when two resources share a JetStream consumer", func() {
 		newSecret(name+"-db", testDSN)
 		create(newConsumer(name, stream, name+"-db"))
