@@ -58,7 +58,11 @@ func (f *fixture) publish(t *testing.T, msgs []sourcetest.Outgoing) {
 	recs := make([]*kgo.Record, len(msgs))
 	for i, o := range msgs {
 		recs[i] = &kgo.Record{
-			Topic:   f.topic,
+			Topic: f.topic,
+			// Keyed, so records spread over the partitions: unkeyed ones
+			// may all land in one (sticky partitioning), and a member
+			// assigned the other partition would then see nothing.
+			Key:     []byte(o.ID),
 			Value:   o.Body,
 			Headers: []kgo.RecordHeader{{Key: sourcetest.IDHeader, Value: []byte(o.ID)}},
 		}
