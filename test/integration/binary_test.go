@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempotency-dev/idc-operator/internal/testbin"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -31,16 +32,7 @@ func TestBinary(t *testing.T) {
 
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed to build idc-runtime: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "idc-runtime")
-	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/idempotency-dev/idc-operator/runtime/cmd/idc-runtime")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building idc-runtime: %v\n%s", err, out)
-	}
-	return bin
+	return testbin.Build(t, testbin.RuntimePackage, "idc-runtime")
 }
 
 // syncBuffer collects the process's log lines.
