@@ -1,15 +1,17 @@
-# Multi-stage build: static binaries in a distroless, non-root final image.
-# (No Docker engine runs on the development machines of this project; the
-# image is built by CI systems that have one. `make build` builds the same
-# binaries locally.)
+# The same image as `make image` (hack/image, built without a Docker engine:
+# the development machines of this project have none), for users who have
+# Docker: static binaries with the version, in a distroless, non-root image
+# (65532, CA certificates, no shell). `make docker-build` passes the version.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=${VERSION}" -o /out/manager . \
- && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=${VERSION}" -o /out/idc-runtime ./runtime/cmd/idc-runtime
+ARG COMMIT=unknown
+ENV LDFLAGS="-s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=${VERSION} -X github.com/idempotency-dev/idc-operator/runtime/version.Commit=${COMMIT}"
+RUN CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/manager . \
+ && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/idc-runtime ./runtime/cmd/idc-runtime
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/manager /manager

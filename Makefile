@@ -2,8 +2,19 @@
 SHELL := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 
-IMG ?= idc-operator:dev
+# The release version: both binaries report it (`idc-runtime version`,
+# `manager --version`), it tags the image, and the Helm chart follows it.
+VERSION ?= 0.2.0
+COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+# The image's timestamps: the commit time, so one commit gives one digest.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMG ?= idc-operator:$(VERSION)
 LOCALBIN ?= $(CURDIR)/bin
+K8S_BIN = $(LOCALBIN)/k8s/$(K8S_VERSION)-linux-amd64
+# kubectl at the cluster's version (built by hack/build-node.sh).
+KUBECTL ?= $(K8S_BIN)/kubectl
+GO_LDFLAGS = -s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=$(VERSION) -X github.com/idempotency-dev/idc-operator/runtime/version.Commit=$(COMMIT)
+export GOFLAGS ?= -buildvcs=false
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
@@ -28,6 +39,7 @@ help: ## Show this help.
 .PHONY: manifests
 manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/..." paths="./controllers/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	sed -i 's/^  newTag: .*/  newTag: $(VERSION)/' config/manager/kustomization.yaml
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
@@ -54,14 +66,38 @@ services: ## Check the local PostgreSQL, NATS, RabbitMQ and Redis; start any tha
 	@hack/services.sh ensure
 
 .PHONY: test
-test: ## Run the tests: unit, envtest (real kube-apiserver), real services, short chaos.
+test: ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
 	@hack/services.sh check
-	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) ./...
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
+	@# The real node: started for the e2e suite unless it already runs, and
+	@# stopped again (and proven clean) if this target started it.
+	@if hack/node.sh status | grep -q '^kubelet: running'; then \
+	  $(MAKE) --no-print-directory test-e2e; \
+	else \
+	  $(MAKE) --no-print-directory node-up && \
+	  { $(MAKE) --no-print-directory test-e2e; rc=$$?; $(MAKE) --no-print-directory node-down; exit $$rc; }; \
+	fi
 
 .PHONY: test-e2e
-test-e2e: ## End-to-end: control plane + real manager + local pod runner + real services.
+test-e2e: build-installer ## End-to-end on the real node (make node-up first): install.yaml, kubelet-run pods, every broker.
 	@hack/services.sh check
-	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -count=1 -timeout 20m -v ./test/e2e/...
+	@hack/node.sh status | grep -q '^kubelet: running' || { echo "the real node is not running: make node-up" >&2; exit 1; }
+	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) \
+	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_VERSION=$(VERSION) go test -count=1 -timeout 25m -v ./test/e2e/...
+
+##@ Real node
+
+.PHONY: node-up
+node-up: image ## Start a real single-node cluster (kubelet, containerd, CNI bridge + guard); import the image; print the kubeconfig.
+	@hack/node.sh up
+
+.PHONY: node-down
+node-down: ## Stop the node and remove every trace of it (processes, mounts, cgroups, chains, bridge).
+	@hack/node.sh down
+
+.PHONY: node-check-clean
+node-check-clean: ## Print what is left of a node; fail if anything is.
+	@hack/node.sh check-clean
 
 .PHONY: test-chaos
 test-chaos: ## Long chaos run: 100k messages, >= 30 SIGKILLs (some between COMMIT and ack), DB cuts.
@@ -86,46 +122,68 @@ bench-controller: ## Controller benchmark: 300 resources to Ready against one Po
 ##@ Build
 
 .PHONY: build
-build: ## Build bin/manager and bin/idc-runtime.
-	CGO_ENABLED=0 go build -trimpath -o $(LOCALBIN)/manager .
-	CGO_ENABLED=0 go build -trimpath -o $(LOCALBIN)/idc-runtime ./runtime/cmd/idc-runtime
+build: ## Build bin/manager and bin/idc-runtime (static, with the version).
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/manager .
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/idc-runtime ./runtime/cmd/idc-runtime
+
+.PHONY: image
+image: ## Build the image without Docker: bin/idc-operator-image.tar (docker archive) + bin/idc-operator-oci/ (OCI layout).
+	@mkdir -p $(LOCALBIN)/linux
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/manager .
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/idc-runtime ./runtime/cmd/idc-runtime
+	go run ./hack/image -tag $(IMG) -out $(LOCALBIN)/idc-operator-image.tar -oci $(LOCALBIN)/idc-operator-oci -base \
+	  -file /manager=$(LOCALBIN)/linux/manager -file /idc-runtime=$(LOCALBIN)/linux/idc-runtime \
+	  -entrypoint /manager -user 65532:65532 -created $(SOURCE_DATE_EPOCH) \
+	  -label org.opencontainers.image.version=$(VERSION) -label org.opencontainers.image.revision=$(COMMIT) \
+	  -label org.opencontainers.image.source=https://github.com/idempotency-dev/idc-operator
+
+.PHONY: pause-image
+pause-image: ## The node's sandbox image (registry.k8s.io/pause:3.10, a static Go pause).
+	@mkdir -p $(LOCALBIN)/linux
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/linux/pause ./hack/node/pause
+	go run ./hack/image -tag registry.k8s.io/pause:3.10 -out $(LOCALBIN)/pause-image.tar \
+	  -file /pause=$(LOCALBIN)/linux/pause -entrypoint /pause -user 65535:65535 -created 0
 
 .PHONY: run
 run: manifests generate ## Run the manager against the cluster in ~/.kube/config.
 	go run . $(ARGS)
 
 .PHONY: demo
-demo: ## Run the demo locally (NATS JetStream -> PostgreSQL upsert). ARGS=--once exits after the summary.
+demo: node-up build-installer ## The demo on the real node (NATS JetStream -> PostgreSQL upsert). ARGS=--once exits after the summary.
 	@# Built, not `go run`: Ctrl-C then ends the demo with its own exit code.
 	go build -o $(LOCALBIN)/idc-demo ./hack/demo
-	$(LOCALBIN)/idc-demo $(ARGS)
+	IDC_DEMO_KUBECONFIG="$$(hack/node.sh kubeconfig)" $(LOCALBIN)/idc-demo -install $(CURDIR)/dist/install.yaml -kubectl $(KUBECTL) -image $(IMG) $(ARGS)
 
 .PHONY: docker-build
-docker-build: ## Build the image (needs a Docker engine; this machine kind has none).
-	docker build -t $(IMG) .
+docker-build: ## Build the same image with Docker (needs a Docker engine; this machine kind has none).
+	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMG) .
 
 .PHONY: build-installer
-build-installer: manifests generate ## Write dist/install.yaml (CRD, RBAC, manager).
+build-installer: manifests generate kubectl ## Write dist/install.yaml (CRD, RBAC, manager) for image $(IMG).
 	mkdir -p dist
-	kubectl kustomize config/default > dist/install.yaml
+	$(KUBECTL) kustomize config/default | sed 's|idc-operator:$(VERSION)$$|$(IMG)|' > dist/install.yaml
+
+.PHONY: kubectl
+kubectl: ## Build kubectl (and the node's other components) at the cluster's version into bin/k8s/.
+	@hack/build-node.sh >/dev/null
 
 ##@ Deployment
 
 .PHONY: install
-install: manifests ## Install the CRD into the cluster in ~/.kube/config.
-	kubectl apply --server-side -f config/crd/bases
+install: manifests kubectl ## Install the CRD into the cluster in ~/.kube/config.
+	$(KUBECTL) apply --server-side -f config/crd/bases
 
 .PHONY: uninstall
-uninstall: manifests ## Remove the CRD.
-	kubectl delete --ignore-not-found -f config/crd/bases
+uninstall: manifests kubectl ## Remove the CRD.
+	$(KUBECTL) delete --ignore-not-found -f config/crd/bases
 
 .PHONY: deploy
-deploy: manifests ## Deploy the operator.
-	kubectl apply --server-side -k config/default
+deploy: manifests kubectl ## Deploy the operator.
+	$(KUBECTL) apply --server-side -k config/default
 
 .PHONY: undeploy
-undeploy: ## Remove the operator.
-	kubectl delete --ignore-not-found -k config/default
+undeploy: kubectl ## Remove the operator.
+	$(KUBECTL) delete --ignore-not-found -k config/default
 
 ##@ Tools
 

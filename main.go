@@ -24,6 +24,7 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers"
+	"github.com/idempotency-dev/idc-operator/runtime/version"
 )
 
 func main() {
@@ -49,9 +50,14 @@ func run() error {
 	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
+	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.String())
+		return nil
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 
 	if runtimeImage == "" {
@@ -113,6 +119,6 @@ func run() error {
 	if err := mgr.AddReadyzCheck("readyz", cacheSynced); err != nil {
 		return fmt.Errorf("adding the ready check: %w", err)
 	}
-	ctrl.Log.WithName("setup").Info("starting manager", "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)
+	ctrl.Log.WithName("setup").Info("starting manager", "version", version.String(), "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -111,7 +111,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	case "prune":
 		return pruneCommand(args[1:], stderr)
 	case "version", "--version", "-version":
-		_, _ = fmt.Fprintln(stdout, version.Version)
+		_, _ = fmt.Fprintln(stdout, version.String())
 		return exitOK
 	case "help", "-h", "--help":
 		_, _ = fmt.Fprint(stdout, usage)
