@@ -156,26 +156,34 @@ func newDeadLetter(m *extract.Message, reason, class string, attempts int) deadL
 
 // settle commits recs (claim + effect) and dls. A failing transaction is
 // retried with backoff; connection-class failures are retried until the
-// database returns and never count as attempts. A group that keeps failing is
-// bisected; a single record that still fails after MaxAttempts becomes a
-// dead letter carrying the database error, and the rest proceeds.
+// database returns and never count as attempts; sink failures (the sink is
+// misconfigured) hold the loop until the sink is fixed and never count
+// either. A group that keeps failing is bisected (at once for a data error);
+// a single record that still fails after MaxAttempts becomes a dead letter
+// carrying the database error, and the rest proceeds.
 func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome) error {
 	limit := c.attemptLimit(len(recs))
-	attempts, outages := 0, 0
+	attempts, outages, holds := 0, 0, 0
 	for {
 		part, err := c.commit(work, recs, dls, eff)
 		if err == nil {
+			c.releaseHold()
 			out.add(part)
 			return nil
 		}
 		var wait time.Duration
-		if isConnectionError(err) {
+		switch kind, reason := classify(err); kind {
+		case failureUnavailable:
 			outages++
 			wait = c.backoff(outages)
 			c.log.Error(err, "Database unavailable; retrying the batch", "records", len(recs), "failures", outages)
-		} else {
+		case failureSink:
+			holds++
+			wait = c.backoff(holds)
+			c.hold(reason, err, holds, wait)
+		default:
 			attempts++
-			if attempts >= limit {
+			if attempts >= limit || (kind == failureData && len(recs) > 1) {
 				return c.isolate(work, stop, recs, dls, eff, out, err, attempts)
 			}
 			wait = c.backoff(attempts)

@@ -54,6 +54,7 @@ type Consumer struct {
 
 	dbReady    atomic.Bool
 	fetchReady atomic.Bool
+	held       atomic.Pointer[sinkHold] // nil unless holding on a misconfigured sink
 }
 
 // New builds the loop from the config. metrics may be nil (then they are
@@ -83,9 +84,10 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 	}, nil
 }
 
-// Ready reports whether the database answered and the source delivered (or
-// timed out empty) at least once: the /readyz check.
-func (c *Consumer) Ready() bool { return c.dbReady.Load() && c.fetchReady.Load() }
+// Ready reports whether the database answered, the source delivered (or
+// timed out empty) at least once, and the loop is not holding on a
+// misconfigured sink (see Readiness).
+func (c *Consumer) Ready() bool { return c.Readiness() == nil }
 
 // Run consumes until ctx ends and returns nil then. Stopping is graceful:
 // fetching stops at once, the batch in flight is still committed and

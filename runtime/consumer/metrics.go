@@ -27,6 +27,9 @@ type Metrics struct {
 	CommitDuration    prometheus.Histogram
 	InboxRows         prometheus.Gauge
 	OldestInboxRowAge prometheus.Gauge
+	// SinkMisconfigured is 1 for the reason the loop holds on (see
+	// SinkReasons), 0 for the others and whenever it does not hold.
+	SinkMisconfigured *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -61,9 +64,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		OldestInboxRowAge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idc_oldest_inbox_row_age_seconds", Help: "Age of the oldest inbox row (processed_at).",
 		}),
+		SinkMisconfigured: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idc_sink_misconfigured", Help: "1 while the consumer holds because the sink is misconfigured (no fetch, no ack, no dead letter), by reason.",
+		}, []string{"reason"}),
+	}
+	for _, r := range SinkReasons {
+		m.SinkMisconfigured.WithLabelValues(r).Set(0)
 	}
 	for _, c := range []prometheus.Collector{m.Messages, m.DuplicatesSkipped, m.StaleRefused, m.DeadLetters,
-		m.AckErrors, m.BatchDuration, m.CommitDuration, m.InboxRows, m.OldestInboxRowAge} {
+		m.AckErrors, m.BatchDuration, m.CommitDuration, m.InboxRows, m.OldestInboxRowAge, m.SinkMisconfigured} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("while registering consumer metrics: %w", err)
 		}

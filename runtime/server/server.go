@@ -25,9 +25,10 @@ type Checks struct {
 	// /healthz answer 500 with the error text, so the kubelet restarts the
 	// container. Nil means always live.
 	Live func() error
-	// Ready reports whether the pod should receive work (/readyz). Nil
+	// Ready returns nil while the pod should receive work (/readyz); an
+	// error makes /readyz answer 503 with the error text (the reason). Nil
 	// means never ready.
-	Ready func() bool
+	Ready func() error
 }
 
 // Server is the HTTP server of the probes and metrics.
@@ -51,8 +52,12 @@ func Handler(gatherer prometheus.Gatherer, checks Checks) http.Handler {
 		_, _ = fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if checks.Ready == nil || !checks.Ready() {
+		if checks.Ready == nil {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := checks.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = fmt.Fprintln(w, "ok")

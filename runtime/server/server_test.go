@@ -32,7 +32,12 @@ func TestEndpoints(t *testing.T) {
 	var liveErr atomic.Value
 	liveErr.Store(errors.New(""))
 	s, err := Start("127.0.0.1:0", reg, Checks{
-		Ready: ready.Load,
+		Ready: func() error {
+			if !ready.Load() {
+				return errors.New("sink misconfigured (undefined_table)")
+			}
+			return nil
+		},
 		Live: func() error {
 			if e := liveErr.Load().(error); e.Error() != "" {
 				return e
@@ -46,8 +51,8 @@ func TestEndpoints(t *testing.T) {
 	defer func() { _ = s.Shutdown(context.Background()) }()
 	base := "http://" + s.Addr()
 
-	if code, _ := get(t, base+"/readyz"); code != http.StatusServiceUnavailable {
-		t.Errorf("/readyz before ready = %d, want 503", code)
+	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "undefined_table") {
+		t.Errorf("/readyz before ready = %d %q, want 503 naming the reason", code, body)
 	}
 	ready.Store(true)
 	if code, _ := get(t, base+"/readyz"); code != http.StatusOK {

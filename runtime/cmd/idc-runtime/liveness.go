@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -30,17 +31,27 @@ func newLoopState(backoffMax time.Duration) *loopState {
 	return &loopState{wedgeAfter: max(minWedgeAfter, 5*backoffMax), now: time.Now}
 }
 
-func (s *loopState) ready() bool {
+func (s *loopState) ready() error {
 	c := s.consumer.Load()
-	return c != nil && c.Ready()
+	if c == nil {
+		return errors.New("starting")
+	}
+	return c.Readiness()
 }
 
-// live is nil while starting (the startup retries log their own progress)
-// and while the loop keeps reaching the source.
+// live is nil while starting (the startup retries log their own progress),
+// while the loop keeps reaching the source, and while it holds on a
+// misconfigured sink (a deliberate wait that a restart cannot fix; it logs
+// each retry and ends by itself once the sink is fixed).
 func (s *loopState) live() error {
 	last := s.lastActive.Load()
 	if last == 0 {
 		return nil
+	}
+	if c := s.consumer.Load(); c != nil {
+		if _, held := c.Held(); held {
+			return nil
+		}
 	}
 	if idle := s.now().Sub(time.Unix(0, last)); idle > s.wedgeAfter {
 		return fmt.Errorf("the consumer loop has not fetched or acknowledged for %s (limit %s)",

@@ -121,7 +121,7 @@ func TestLiveness(t *testing.T) {
 	if err := s.live(); err == nil {
 		t.Fatal("no error after the loop went silent past the limit")
 	}
-	if s.ready() {
+	if s.ready() == nil {
 		t.Fatal("ready without a consumer")
 	}
 }
