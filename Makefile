@@ -17,6 +17,9 @@ GO_LDFLAGS = -s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Ve
 export GOFLAGS ?= -buildvcs=false
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+HELM ?= $(LOCALBIN)/helm
+HELM_VERSION ?= v3.22.0
+CHART ?= charts/idc-operator
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
 K8S_VERSION ?= 1.37.2
@@ -40,6 +43,12 @@ help: ## Show this help.
 manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/..." paths="./controllers/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	sed -i 's/^  newTag: .*/  newTag: $(VERSION)/' config/manager/kustomization.yaml
+	@# The Helm chart's CRD and RBAC rules are copies of these generated files
+	@# (test/helmchart fails when they drift), and it follows VERSION.
+	rm -f $(CHART)/crds/*.yaml $(CHART)/files/rbac/*.yaml
+	cp config/crd/bases/*.yaml $(CHART)/crds/
+	cp config/rbac/*role.yaml $(CHART)/files/rbac/
+	sed -i -e 's/^version: .*/version: $(VERSION)/' -e 's/^appVersion: .*/appVersion: "$(VERSION)"/' $(CHART)/Chart.yaml
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
@@ -66,9 +75,9 @@ services: ## Check the local PostgreSQL, NATS, RabbitMQ and Redis; start any tha
 	@hack/services.sh ensure
 
 .PHONY: test
-test: ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
+test: helm ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
 	@hack/services.sh check
-	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" IDC_HELM=$(HELM) go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
 	@# The real node: started for the e2e suite unless it already runs, and
 	@# stopped again (and proven clean) if this target started it.
 	@if hack/node.sh status | grep -q '^kubelet: running'; then \
@@ -83,7 +92,7 @@ test-e2e: build-installer ## End-to-end on the real node (make node-up first): i
 	@hack/services.sh check
 	@hack/node.sh status | grep -q '^kubelet: running' || { echo "the real node is not running: make node-up" >&2; exit 1; }
 	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) \
-	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_VERSION=$(VERSION) go test -count=1 -timeout 25m -v ./test/e2e/...
+	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 25m -v ./test/e2e/...
 
 ##@ Real node
 
@@ -191,6 +200,11 @@ undeploy: kubectl ## Remove the operator.
 controller-gen: $(CONTROLLER_GEN)
 $(CONTROLLER_GEN):
 	GOBIN=$(LOCALBIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+.PHONY: helm
+helm: $(HELM) ## Build helm from the Go module proxy into bin/ (the chart tests run it).
+$(HELM):
+	GOBIN=$(LOCALBIN) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT)

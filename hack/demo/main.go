@@ -1,13 +1,15 @@
-// Command demo runs idc-operator locally, end to end: it builds the binaries,
-// starts a local control plane (kube-apiserver and etcd from
-// hack/build-envtest.sh), runs the real manager, applies the JetStream ->
-// PostgreSQL upsert sample adapted to the local services, runs the consumer's
-// pods as local processes through the pod runner, publishes order events
-// with duplicates and out-of-order versions, and prints what happened.
+// Command demo runs idc-operator end to end on the real single-node cluster
+// that `make node-up` starts (hack/node.sh): it installs the operator from
+// dist/install.yaml (the image `make image` built, imported into the node),
+// applies the JetStream -> PostgreSQL upsert sample adapted to the local
+// services, lets the kubelet run the consumer's pods, publishes order events
+// with duplicates and out-of-order versions, runs the prune CronJob once, and
+// prints what happened, with `kubectl get pods` and the image digest.
 //
-// Usage (make demo runs it):
+// Usage (make demo starts the node and runs it):
 //
-//	go run ./hack/demo [--once] [--orders N] [--versions N] [--replicas N]
+//	idc-demo -install dist/install.yaml -kubectl bin/k8s/.../kubectl -image idc-operator:0.2.0 \
+//	  [--once] [--orders N] [--versions N] [--replicas N]     (kubeconfig: $IDC_DEMO_KUBECONFIG)
 //
 // It stays up until Ctrl-C; with --once it exits after the summary: 0 when
 // every unique id took effect exactly once and the resource is Ready, 1
@@ -22,17 +24,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/internal/testenv"
 	"github.com/idempotency-dev/idc-operator/test/localcluster"
-	"github.com/idempotency-dev/idc-operator/test/podrunner"
 )
 
 // Names of what the demo creates; the database is recreated on every run.
@@ -40,17 +41,19 @@ const (
 	demoDatabase = "idc_demo"
 	demoStream   = "IDC_DEMO_ORDERS"
 	demoSubject  = "idc-demo.orders"
-	namespace    = "default"
+	// namespace enforces PodSecurity `restricted`.
+	namespace = "idc-demo"
 	// retentionPeriod is the manager's --retention-period: how soon a prune
 	// run shows in status.lastPrune.
 	retentionPeriod = 10 * time.Second
 )
 
 type options struct {
-	once     bool
-	orders   int
-	versions int
-	replicas int
+	install, kubectl, image string
+	once                    bool
+	orders                  int
+	versions                int
+	replicas                int
 }
 
 // errNotExactlyOnce is the --once failure.
@@ -61,6 +64,9 @@ var errServices = errors.New("a local service is missing")
 
 func main() {
 	var o options
+	flag.StringVar(&o.install, "install", "dist/install.yaml", "the install manifest (make build-installer)")
+	flag.StringVar(&o.kubectl, "kubectl", "kubectl", "kubectl at the node's version")
+	flag.StringVar(&o.image, "image", "idc-operator:dev", "the operator image imported into the node")
 	flag.BoolVar(&o.once, "once", false, "exit after the summary (0 when effects = unique ids and Ready, else 1)")
 	flag.IntVar(&o.orders, "orders", 50, "orders in the demo stream")
 	flag.IntVar(&o.versions, "versions", 4, "versions (status changes) per order")
@@ -70,6 +76,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo: --orders, --versions and --replicas must be at least 1")
 		os.Exit(2)
 	}
+	// The demo's own Kubernetes client logs nothing: its output is the story.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// A closed stdout (| head, a pager quit early) must not kill the demo
@@ -89,16 +97,11 @@ func main() {
 
 // demo holds what it started, for the shutdown.
 type demo struct {
-	opts    options
-	out     io.Writer
-	step    int
-	workDir string
-	bins    localcluster.Binaries
+	opts options
+	out  io.Writer
+	step int
 
 	cluster   *localcluster.Cluster
-	manager   *localcluster.Process
-	runner    *podrunner.Runner
-	runnerEnd func()
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	dsn       string
@@ -107,7 +110,7 @@ type demo struct {
 	published localcluster.PublishStats
 }
 
-const totalSteps = 8
+const totalSteps = 7
 
 func (d *demo) stepf(format string, args ...any) {
 	d.step++
@@ -123,7 +126,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.checkServices(ctx); err != nil {
 		return err
 	}
-	for _, phase := range []func(context.Context) error{d.build, d.startControlPlane, d.prepare, d.apply, d.publishAndConsume, d.prune} {
+	for _, phase := range []func(context.Context) error{d.install, d.prepare, d.apply, d.publishAndConsume, d.prune} {
 		if err := phase(ctx); err != nil {
 			return err
 		}
@@ -138,9 +141,10 @@ func (d *demo) run(ctx context.Context) error {
 		}
 		return nil
 	}
-	_, _ = fmt.Fprintf(d.out, "\nThe demo keeps running: the consumer, the manager and the control plane stay up.\n"+
-		"  kubectl --kubeconfig %s get idc -o wide\n  publish more to subject %s.events on stream %s\nPress Ctrl-C to stop.\n",
-		d.cluster.Kubeconfig, demoSubject, demoStream)
+	_, _ = fmt.Fprintf(d.out, "\nThe demo keeps running: the node, the operator and the consumer stay up.\n"+
+		"  %s --kubeconfig %s -n %s get idc,pods -o wide\n  publish more to subject %s.events on stream %s\n"+
+		"Press Ctrl-C to stop the demo; `make node-down` stops the node.\n",
+		d.opts.kubectl, d.cluster.Kubeconfig, namespace, demoSubject, demoStream)
 	<-ctx.Done()
 	_, _ = fmt.Fprintln(d.out, "\nstopping...")
 	return nil
@@ -153,17 +157,5 @@ func (d *demo) checkServices(ctx context.Context) error {
 		return errServices
 	}
 	d.printf("both up")
-	return nil
-}
-
-func (d *demo) build(ctx context.Context) error {
-	d.stepf("Building bin/manager and bin/idc-runtime")
-	start := time.Now()
-	bins, err := localcluster.Build(ctx, filepath.Join(testenv.RepoRoot(), "bin"), os.Stderr)
-	if err != nil {
-		return err
-	}
-	d.bins = bins
-	d.printf("built in %s", time.Since(start).Round(time.Second))
 	return nil
 }

@@ -4,47 +4,55 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	batchv1 "k8s.io/api/batch/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/test/localcluster"
-	"github.com/idempotency-dev/idc-operator/test/podrunner"
 )
 
-func (d *demo) startControlPlane(ctx context.Context) error {
-	d.stepf("Starting the local control plane (kube-apiserver + etcd) and the manager")
-	if !localcluster.EnvtestBinariesBuilt() {
-		d.printf("first run: building kube-apiserver and etcd from source with hack/build-envtest.sh;")
-		d.printf("this takes ~10+ minutes on 2 cores (seconds on later runs)...")
-	}
-	d.workDir = filepath.Join(os.TempDir(), "idc-demo")
-	if err := os.RemoveAll(d.workDir); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(d.workDir, 0o755); err != nil {
-		return err
-	}
-	c, err := localcluster.Start(d.workDir)
+func (d *demo) install(ctx context.Context) error {
+	d.stepf("Installing the operator on the real node: kubectl apply --server-side -f %s", d.opts.install)
+	c, err := localcluster.Connect(os.Getenv("IDC_DEMO_KUBECONFIG"), d.opts.kubectl)
 	if err != nil {
 		return err
 	}
 	d.cluster = c
-	d.printf("API server %s", c.Config.Host)
-	d.printf("kubeconfig %s   (kubectl --kubeconfig %s get idc -o wide)", c.Kubeconfig, c.Kubeconfig)
-	managerLog := filepath.Join(d.workDir, "manager.log")
-	m, err := localcluster.StartManager(ctx, localcluster.ManagerOptions{
-		Binary: d.bins.Manager, Kubeconfig: c.Kubeconfig, RetentionPeriod: retentionPeriod, LogPath: managerLog,
-	})
+	d.printf("API server %s   (kubeconfig %s)", c.Config.Host, c.Kubeconfig)
+	if err := c.Install(ctx, d.opts.install); err != nil {
+		return err
+	}
+	// How soon a prune run shows in status.lastPrune (a user would patch
+	// the manager's args with kustomize the same way).
+	patch := fmt.Sprintf(`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--retention-period=%s"}]`, retentionPeriod)
+	if out, err := c.KubectlCmd(ctx, "-n", localcluster.OperatorNamespace, "get", "deployment", localcluster.ManagerDeployment,
+		"-o", "jsonpath={.spec.template.spec.containers[0].args}"); err == nil && !strings.Contains(out, "--retention-period") {
+		if _, err := c.KubectlCmd(ctx, "-n", localcluster.OperatorNamespace, "patch", "deployment", localcluster.ManagerDeployment, "--type=json", "-p="+patch); err != nil {
+			return err
+		}
+	}
+	if err := c.WaitManager(ctx); err != nil {
+		return err
+	}
+	d.printf("manager running as ServiceAccount %s/%s (--retention-period=%s)", localcluster.OperatorNamespace, localcluster.ManagerSA, retentionPeriod)
+	out, err := c.KubectlCmd(ctx, "-n", localcluster.OperatorNamespace, "get", "pods", "-o", "wide")
 	if err != nil {
 		return err
 	}
-	d.manager = m
-	d.printf("manager running (--retention-period=%s), log %s", retentionPeriod, managerLog)
+	d.printf("$ kubectl -n %s get pods -o wide\n%s", localcluster.OperatorNamespace, indent(out))
+	// A fresh, restricted namespace for the demo.
+	_, _ = c.KubectlCmd(ctx, "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
+	if _, err := c.KubectlCmd(ctx, "create", "namespace", namespace); err != nil {
+		return err
+	}
+	if _, err := c.KubectlCmd(ctx, "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"); err != nil {
+		return err
+	}
+	d.printf("namespace %s enforces PodSecurity restricted", namespace)
 	return nil
 }
 
@@ -69,22 +77,19 @@ func (d *demo) prepare(ctx context.Context) error {
 		return err
 	}
 	d.printf("stream %s on %s.> (MaxAge 1h, JetStream's own duplicate window %s)", demoStream, demoSubject, localcluster.StreamDuplicateWindow)
-	if err := d.cluster.Client.Create(ctx, localcluster.OrdersSecret(idc, d.dsn)); err != nil {
+	if err := d.cluster.Client.Create(ctx, localcluster.OrdersSecret(idc, localcluster.PodDSN(d.dsn))); err != nil {
 		return fmt.Errorf("creating the Secret: %w", err)
 	}
-	d.printf("Secret %s/%s holds the DSN (%s)", namespace, idc.Spec.Sink.Postgres.ConnectionSecretRef.Name, d.dsn)
+	d.printf("Secret %s/%s holds the DSN as pods reach it (the node forwards PostgreSQL on %s)", namespace, idc.Spec.Sink.Postgres.ConnectionSecretRef.Name, localcluster.BridgeIP)
 	d.printf("sample %s adapted: url %s, stream %s, filterSubject %s, %d replicas",
-		localcluster.SamplePath, localcluster.NATSURL, demoStream, idc.Spec.Source.NATSJetStream.FilterSubject, d.opts.replicas)
+		localcluster.SamplePath, localcluster.PodNATSURL, demoStream, idc.Spec.Source.NATSJetStream.FilterSubject, d.opts.replicas)
 	return nil
 }
 
 func (d *demo) apply(ctx context.Context) error {
-	d.stepf("Applying IdempotentConsumer %s/%s and running its pods as local processes", namespace, d.idc.Name)
+	d.stepf("Applying IdempotentConsumer %s/%s; the kubelet runs its pods", namespace, d.idc.Name)
 	if err := d.cluster.Client.Create(ctx, d.idc.DeepCopy()); err != nil {
 		return fmt.Errorf("applying the IdempotentConsumer: %w", err)
-	}
-	if err := d.startRunner(); err != nil {
-		return err
 	}
 	last := ""
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -99,37 +104,23 @@ func (d *demo) apply(ctx context.Context) error {
 		return err
 	}
 	d.printf("Ready: %s", localcluster.Condition(idc, messagingv1alpha1.ConditionReady))
-	for _, p := range d.runner.PodsOf("Deployment/" + d.idc.Name) {
-		d.printf("pod %s  pid %d  ready=%t  metrics http://%s/metrics  log %s", p.Name, p.PID, p.Ready, p.Addr("metrics"), p.LogPath)
-	}
-	return nil
+	return d.printPods(ctx)
 }
 
-func (d *demo) startRunner() error {
-	runnerLog, err := os.Create(filepath.Join(d.workDir, "podrunner.log"))
+// printPods shows the consumer pods as kubectl does, with the image digest
+// the kubelet runs.
+func (d *demo) printPods(ctx context.Context) error {
+	out, err := d.cluster.KubectlCmd(ctx, "-n", namespace, "get", "pods", "-o", "wide")
 	if err != nil {
 		return err
 	}
-	log := fileLogger(runnerLog)
-	opts := localcluster.RunnerOptions(namespace, d.bins.Runtime, filepath.Join(d.workDir, "pods"), log)
-	opts.RunSchedules = true
-	r, err := podrunner.New(d.cluster.Config, opts)
+	d.printf("$ kubectl -n %s get pods -o wide\n%s", namespace, indent(out))
+	out, err = d.cluster.KubectlCmd(ctx, "-n", namespace, "get", "pods", "-o",
+		`custom-columns=POD:.metadata.name,PHASE:.status.phase,NODE:.spec.nodeName,IMAGE:.spec.containers[0].image,DIGEST:.status.containerStatuses[0].imageID`)
 	if err != nil {
 		return err
 	}
-	d.runner = r
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = r.Run(ctx)
-	}()
-	d.runnerEnd = func() {
-		cancel()
-		<-done
-		_ = runnerLog.Close()
-	}
-	d.printf("pod runner: /idc-runtime -> %s, logs in %s", d.bins.Runtime, filepath.Join(d.workDir, "pods", "logs"))
+	d.printf("$ kubectl -n %s get pods -o custom-columns=...IMAGE,DIGEST\n%s", namespace, indent(out))
 	return nil
 }
 
@@ -181,17 +172,20 @@ func (d *demo) publishAndConsume(ctx context.Context) error {
 
 func (d *demo) prune(ctx context.Context) error {
 	d.stepf("Running the prune CronJob once (kubectl create job --from=cronjob/%s-prune)", d.idc.Name)
-	job, err := d.runner.TriggerCronJob(ctx, d.idc.Name+"-prune")
-	if err != nil {
+	job := fmt.Sprintf("%s-prune-demo-%d", d.idc.Name, time.Now().Unix())
+	if _, err := d.cluster.KubectlCmd(ctx, "-n", namespace, "create", "job", job, "--from=cronjob/"+d.idc.Name+"-prune"); err != nil {
 		return err
 	}
 	jctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	j, err := d.runner.WaitForJob(jctx, job)
-	if err != nil {
+	if _, err := d.cluster.KubectlCmd(jctx, "-n", namespace, "wait", "--for=condition=Complete", "job/"+job, "--timeout=120s"); err != nil {
 		return err
 	}
-	d.printf("Job %s succeeded (idc-runtime prune); waiting for status.lastPrune", job)
+	var j batchv1.Job
+	if err := d.cluster.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: job}, &j); err != nil {
+		return err
+	}
+	d.printf("Job %s completed in a kubelet-run pod (idc-runtime prune); waiting for status.lastPrune", job)
 	idc, err := localcluster.WaitFor(jctx, d.cluster.Client, d.key(), func(idc *messagingv1alpha1.IdempotentConsumer) bool {
 		lp := idc.Status.LastPrune
 		return lp != nil && lp.Time != nil && !lp.Time.Before(j.Status.StartTime)
@@ -213,21 +207,10 @@ func windowOf(idc *messagingv1alpha1.IdempotentConsumer) string {
 }
 
 func (d *demo) shutdown() {
-	if d.runnerEnd != nil {
-		d.runnerEnd()
-	}
-	if d.manager != nil {
-		_ = d.manager.Stop(20 * time.Second)
-	}
-	if d.cluster != nil {
-		if err := d.cluster.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "demo:", err)
-		}
-	}
 	if d.nc != nil {
 		d.nc.Close()
 	}
-	if d.workDir != "" {
-		fmt.Fprintf(os.Stderr, "logs: %s (database %s is kept for inspection: psql %s)\n", d.workDir, demoDatabase, d.dsn)
+	if d.cluster != nil {
+		fmt.Fprintf(os.Stderr, "the node stays up (make node-down stops it); database %s is kept for inspection: psql %s\n", demoDatabase, d.dsn)
 	}
 }

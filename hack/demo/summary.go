@@ -3,12 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"strings"
 	"text/tabwriter"
-
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/test/localcluster"
@@ -17,7 +13,10 @@ import (
 // summary prints the counts, the table and the conditions; ok says whether
 // every unique id took effect exactly once and the resource is Ready.
 func (d *demo) summary(ctx context.Context) (bool, error) {
-	pods := d.runner.PodsOf("Deployment/" + d.idc.Name)
+	pods, err := d.cluster.ConsumerPods(ctx, d.idc)
+	if err != nil {
+		return false, err
+	}
 	m, err := localcluster.Metrics(ctx, pods)
 	if err != nil {
 		return false, err
@@ -28,7 +27,9 @@ func (d *demo) summary(ctx context.Context) (bool, error) {
 	}
 	restarts := 0
 	for _, p := range pods {
-		restarts += p.Restarts
+		for _, cs := range p.Status.ContainerStatuses {
+			restarts += int(cs.RestartCount)
+		}
 	}
 	d.printCounts(m, out, len(pods), restarts)
 
@@ -36,7 +37,10 @@ func (d *demo) summary(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	_, _ = fmt.Fprintf(d.out, "\n$ kubectl get idc -o wide\n%s", localcluster.RenderTable(t, true))
+	_, _ = fmt.Fprintf(d.out, "\n$ kubectl -n %s get idc -o wide\n%s", namespace, localcluster.RenderTable(t, true))
+	if err := d.printPods(ctx); err != nil {
+		return false, err
+	}
 	idc := &messagingv1alpha1.IdempotentConsumer{}
 	if err := d.cluster.Client.Get(ctx, d.key(), idc); err != nil {
 		return false, err
@@ -86,9 +90,4 @@ func cmp(equal bool) string {
 
 func indent(s string) string {
 	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ") + "\n"
-}
-
-// fileLogger writes the pod runner's events as text lines.
-func fileLogger(w io.Writer) logr.Logger {
-	return funcr.New(func(prefix, args string) { _, _ = fmt.Fprintln(w, prefix, args) }, funcr.Options{})
 }

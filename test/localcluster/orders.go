@@ -42,8 +42,8 @@ type OrdersSetup struct {
 	Replicas int32
 }
 
-// LoadOrdersSample reads the sample and points it at the local services:
-// the NATS URL, the stream and its subjects, the Secret, the replicas.
+// LoadOrdersSample reads the sample and points it at the local services as
+// pods on the node see them: the NATS URL, the stream and its subjects, the Secret, the replicas.
 func LoadOrdersSample(s OrdersSetup) (*messagingv1alpha1.IdempotentConsumer, error) {
 	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), SamplePath))
 	if err != nil {
@@ -58,7 +58,7 @@ func LoadOrdersSample(s OrdersSetup) (*messagingv1alpha1.IdempotentConsumer, err
 		return nil, fmt.Errorf("the sample %s is no longer a JetStream upsert", SamplePath)
 	}
 	idc.Name, idc.Namespace = s.Name, s.Namespace
-	js.URL, js.Stream, js.Consumer, js.FilterSubject = NATSURL, s.Stream, s.Name, s.Subject+".>"
+	js.URL, js.Stream, js.Consumer, js.FilterSubject = PodNATSURL, s.Stream, s.Name, s.Subject+".>"
 	idc.Spec.Sink.Postgres.ConnectionSecretRef.Name = s.Secret
 	idc.Spec.Runtime.Replicas = ptr.To(s.Replicas)
 	return idc, nil

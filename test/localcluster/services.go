@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,8 +13,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// NATSURL is the local NATS JetStream server.
+// NATSURL is the local NATS JetStream server, as the host sees it.
 const NATSURL = "nats://127.0.0.1:4222"
+
+// PodNATSURL is the same server as pods see it (the node's socat forward on
+// the bridge gateway).
+const PodNATSURL = "nats://" + BridgeIP + ":4222"
+
+// PodDSN rewrites a host DSN on 127.0.0.1 to the bridge gateway, where the
+// node forwards PostgreSQL to pods.
+func PodDSN(dsn string) string {
+	return strings.Replace(dsn, "@127.0.0.1:", "@"+BridgeIP+":", 1)
+}
 
 // adminDSNEnv overrides the maintenance connection, as in the other suites.
 const adminDSNEnv = "IDC_TEST_PG_DSN"

@@ -1,0 +1,203 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/test/localcluster"
+)
+
+// testNamespace enforces PodSecurity `restricted`: the API server itself
+// proves every pod's security context.
+const testNamespace = "idc-e2e"
+
+// suite is the state shared by the ordered steps of TestRealNode.
+type suite struct {
+	c      *localcluster.Cluster
+	suffix string
+	// resources created by the steps, for the later ones.
+	orders, ledger *messagingv1alpha1.IdempotentConsumer
+	others         []*messagingv1alpha1.IdempotentConsumer
+}
+
+// TestRealNode runs the steps in order; a failed step stops the rest, since
+// each builds on the one before.
+func TestRealNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 22*time.Minute)
+	defer cancel()
+	c, err := localcluster.Connect(env.kubeconfig, env.kubectl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.CheckServices(ctx); err != nil {
+		t.Fatalf("the e2e suite needs the local services: %v", err)
+	}
+	s := &suite{c: c, suffix: randomSuffix()}
+	steps := []struct {
+		name string
+		fn   func(context.Context, *testing.T)
+	}{
+		{"install", s.install},
+		{"restricted-namespace", s.restrictedNamespace},
+		{"metrics-authn-authz", s.metricsAuth},
+		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
+		{"every-broker-goes-ready", s.everyBroker},
+		{"pod-killed-under-load", s.podKilledUnderLoad},
+		{"prune-cronjob", s.pruneCronJob},
+		{"spec-change-rolls", s.specChangeRolls},
+		{"manager-rollout-restart", s.managerRolloutRestart},
+		{"suspend", s.suspend},
+		{"deletion-policy", s.deletionPolicy},
+		{"manager-rbac-never-forbidden", s.rbacNeverForbidden},
+	}
+	for _, st := range steps {
+		if !t.Run(st.name, func(t *testing.T) { st.fn(ctx, t) }) {
+			s.dumpOnFailure(t)
+			t.Fatalf("step %s failed; the later steps build on it", st.name)
+		}
+	}
+}
+
+func randomSuffix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// dumpOnFailure logs what an on-call engineer would look at first.
+func (s *suite) dumpOnFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, args := range [][]string{
+		{"get", "pods", "-A", "-o", "wide"},
+		{"-n", testNamespace, "get", "idc", "-o", "wide"},
+		{"-n", testNamespace, "get", "events", "--sort-by=.lastTimestamp"},
+		{"-n", localcluster.OperatorNamespace, "logs", "deployment/" + localcluster.ManagerDeployment, "--tail=80"},
+	} {
+		out, _ := s.c.KubectlCmd(ctx, args...)
+		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+	}
+}
+
+// apply creates the resource from YAML (what a user applies), in the test
+// namespace.
+func (s *suite) apply(ctx context.Context, t *testing.T, manifest string) *messagingv1alpha1.IdempotentConsumer {
+	t.Helper()
+	idc := &messagingv1alpha1.IdempotentConsumer{}
+	if err := yaml.UnmarshalStrict([]byte(manifest), idc); err != nil {
+		t.Fatalf("parsing the manifest: %v\n%s", err, manifest)
+	}
+	idc.Namespace = testNamespace
+	if err := s.c.Client.Create(ctx, idc); err != nil {
+		t.Fatalf("applying %s: %v", idc.Name, err)
+	}
+	return idc
+}
+
+func (s *suite) secret(ctx context.Context, t *testing.T, name string, data map[string]string) {
+	t.Helper()
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testNamespace, Name: name}, StringData: data}
+	if err := s.c.Client.Create(ctx, sec); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// waitReady waits for Ready=True at the current generation and for every
+// runtime pod to be Running and ready on the node, and logs the pods.
+func (s *suite) waitReady(ctx context.Context, t *testing.T, idc *messagingv1alpha1.IdempotentConsumer, replicas int) *messagingv1alpha1.IdempotentConsumer {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+	defer cancel()
+	got, err := localcluster.WaitFor(wctx, s.c.Client, client.ObjectKeyFromObject(idc), localcluster.IsReady, nil)
+	if err != nil {
+		pods, _ := s.c.ConsumerPods(ctx, idc)
+		t.Fatalf("%s: Ready: %v\npods:%s", idc.Name, err, localcluster.DescribePods(pods))
+	}
+	var pods []corev1.Pod
+	if err := localcluster.Eventually(ctx, time.Minute, func() error {
+		var err error
+		if pods, err = s.c.ConsumerPods(ctx, idc); err != nil {
+			return err
+		}
+		if len(pods) != replicas {
+			return fmt.Errorf("%d pods, want %d:%s", len(pods), replicas, localcluster.DescribePods(pods))
+		}
+		for i := range pods {
+			if !localcluster.PodReady(&pods[i]) {
+				return fmt.Errorf("pod %s not ready:%s", pods[i].Name, localcluster.DescribePods(pods))
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%s: %v", idc.Name, err)
+	}
+	checkOnNode(t, pods)
+	t.Logf("%s Ready (%s); pods on the node:%s", idc.Name, localcluster.Condition(got, messagingv1alpha1.ConditionReady), localcluster.DescribePods(pods))
+	return got
+}
+
+// checkOnNode: the pods run on the node, placed by the real scheduler, from
+// the imported image (a digest the kubelet resolved).
+func checkOnNode(t *testing.T, pods []corev1.Pod) {
+	t.Helper()
+	for _, p := range pods {
+		if p.Spec.NodeName != nodeName() || p.Spec.SchedulerName != corev1.DefaultSchedulerName {
+			t.Fatalf("pod %s: node %q scheduler %q", p.Name, p.Spec.NodeName, p.Spec.SchedulerName)
+		}
+		scheduled := false
+		for _, c := range p.Status.Conditions {
+			scheduled = scheduled || (c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue)
+		}
+		if !scheduled || len(p.Status.ContainerStatuses) == 0 || !strings.Contains(p.Status.ContainerStatuses[0].ImageID, "sha256:") {
+			t.Fatalf("pod %s: not scheduled or no image digest:%s", p.Name, localcluster.DescribePods([]corev1.Pod{p}))
+		}
+	}
+}
+
+func nodeName() string { return "idc-node" }
+
+func (s *suite) get(ctx context.Context, t *testing.T, idc *messagingv1alpha1.IdempotentConsumer) *messagingv1alpha1.IdempotentConsumer {
+	t.Helper()
+	got := &messagingv1alpha1.IdempotentConsumer{}
+	if err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(idc), got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// update changes the resource, retrying on conflicts.
+func (s *suite) update(ctx context.Context, t *testing.T, idc *messagingv1alpha1.IdempotentConsumer, mutate func(*messagingv1alpha1.IdempotentConsumer)) {
+	t.Helper()
+	if err := localcluster.Eventually(ctx, 30*time.Second, func() error {
+		cur := &messagingv1alpha1.IdempotentConsumer{}
+		if err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(idc), cur); err != nil {
+			return err
+		}
+		mutate(cur)
+		return s.c.Client.Update(ctx, cur)
+	}); err != nil {
+		t.Fatalf("updating %s: %v", idc.Name, err)
+	}
+}
+
+func (s *suite) deployment(ctx context.Context, t *testing.T, idc *messagingv1alpha1.IdempotentConsumer) *appsv1.Deployment {
+	t.Helper()
+	var d appsv1.Deployment
+	if err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(idc), &d); err != nil {
+		t.Fatal(err)
+	}
+	return &d
+}
