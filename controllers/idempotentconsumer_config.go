@@ -75,6 +75,8 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 			MaxAttempts:    int(s.Delivery.MaxAttempts),
 			BackoffInitial: dur(s.Delivery.Backoff.Initial),
 			BackoffMax:     dur(s.Delivery.Backoff.Max),
+			InFlight:       int(s.Delivery.InFlight),
+			Replicas:       int(desiredReplicasDeclared(idc)),
 		},
 		Retention: config.Retention{
 			Mode:              string(s.Retention.Mode),
@@ -100,8 +102,34 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 	if err != nil {
 		return nil, fmt.Errorf("encoding the runtime config: %w", err)
 	}
+	hash, err := configHash(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &renderedConfig{Config: cfg, Secrets: secrets, JSON: b, Hash: hash}, nil
+}
+
+// configHash identifies the config without delivery.replicas: scaling must
+// not roll the pods. New pods read the new replica count from the ConfigMap,
+// and the runtime grows a broker consumer it created when they start.
+func configHash(cfg *config.Config) (string, error) {
+	c := *cfg
+	c.Delivery.Replicas = 0
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return "", fmt.Errorf("encoding the runtime config: %w", err)
+	}
 	sum := sha256.Sum256(b)
-	return &renderedConfig{Config: cfg, Secrets: secrets, JSON: b, Hash: hex.EncodeToString(sum[:8])}, nil
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+// desiredReplicasDeclared is spec.runtime.replicas (1 when unset), also
+// while suspended: broker limits are sized for the declared scale.
+func desiredReplicasDeclared(idc *messagingv1alpha1.IdempotentConsumer) int32 {
+	if idc.Spec.Runtime.Replicas == nil || *idc.Spec.Runtime.Replicas < 1 {
+		return 1
+	}
+	return *idc.Spec.Runtime.Replicas
 }
 
 func schemaOf(idc *messagingv1alpha1.IdempotentConsumer) string {

@@ -184,6 +184,18 @@ type DeliverySpec struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+	// inFlight is how many transactions one replica runs at once, each on its
+	// own database connection. Messages are split into lanes by entity key
+	// (else message id), so two transactions in flight never touch the same
+	// key and the order per key is kept; the next batch is fetched while these
+	// commit. Broker-side consumer limits the runtime creates (JetStream
+	// MaxAckPending, RabbitMQ prefetch) are sized to replicas x batchSize x
+	// inFlight with headroom.
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=8
+	// +optional
+	InFlight int32 `json:"inFlight,omitempty"`
 	// backoff between attempts (exponential with jitter).
 	// +kubebuilder:default={}
 	// +optional

@@ -108,7 +108,10 @@ type RabbitMQSource struct {
 	// +kubebuilder:validation:MaxLength=255
 	// +required
 	Queue string `json:"queue"`
-	// prefetch is the channel QoS. Defaults to delivery.batchSize.
+	// prefetch is the channel QoS (per replica). Defaults to
+	// 2 x delivery.batchSize x delivery.inFlight (at most 65535); a smaller
+	// value than batchSize x inFlight is reported in the BrokerLimits
+	// condition.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	// +optional

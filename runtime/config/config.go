@@ -229,6 +229,35 @@ type Delivery struct {
 	MaxAttempts    int      `json:"maxAttempts"`
 	BackoffInitial Duration `json:"backoffInitial"`
 	BackoffMax     Duration `json:"backoffMax"`
+	// InFlight is how many transactions one replica runs at once, each on
+	// its own connection, on lanes split by entity key (else id) hash.
+	InFlight int `json:"inFlight"`
+	// Replicas is the declared replica count (spec.runtime.replicas). It
+	// only sizes broker-side consumer limits shared by all replicas
+	// (JetStream MaxAckPending); the controller leaves it out of the config
+	// hash, so scaling does not roll the pods.
+	Replicas int `json:"replicas,omitempty"`
+}
+
+// Limit sizing. A replica holds at most about this many batches fetched and
+// not yet acknowledged: the ones its lanes commit, one queued per lane, and
+// the next one being fetched. A broker limit below MinUnacked cannot fill
+// the declared replicas' batches; one the runtime creates gets
+// limitHeadroom times that.
+const limitHeadroom = 2
+
+// MinUnacked is the smallest broker-side limit on unacknowledged messages
+// that lets every declared replica fill its in-flight batches:
+// replicas x batchSize x inFlight.
+func (d Delivery) MinUnacked(replicas int) int {
+	return max(replicas, 1) * d.BatchSize * max(d.InFlight, 1)
+}
+
+// SizedUnacked is the limit the runtime gives a broker-side consumer it
+// creates: MinUnacked with headroom, so the next batch is fetched while the
+// current ones commit.
+func (d Delivery) SizedUnacked(replicas int) int {
+	return limitHeadroom * d.MinUnacked(replicas)
 }
 
 // Retention is what the prune job needs.
@@ -310,7 +339,7 @@ func (c *Config) Default() {
 		c.Sink.Layout = LayoutTable
 	}
 	c.Delivery.defaults()
-	c.Source.defaults(c.Delivery.BatchSize)
+	c.Source.defaults(c.Delivery)
 	if h := c.Sink.Effect.HTTP; h != nil {
 		if h.Method == "" {
 			h.Method = "POST"
@@ -343,11 +372,21 @@ func (d *Delivery) defaults() {
 	if d.BackoffMax.Duration == 0 {
 		d.BackoffMax.Duration = time.Minute
 	}
+	if d.InFlight == 0 {
+		d.InFlight = 2
+	}
+	if d.Replicas == 0 {
+		d.Replicas = 1
+	}
 }
 
-func (s *Source) defaults(batchSize int) {
+// maxPrefetch is RabbitMQ's largest prefetch count (a 16-bit field).
+const maxPrefetch = 65535
+
+func (s *Source) defaults(d Delivery) {
 	if r := s.RabbitMQ; r != nil && r.Prefetch == 0 {
-		r.Prefetch = batchSize
+		// Prefetch is per channel, so per replica.
+		r.Prefetch = min(d.SizedUnacked(1), maxPrefetch)
 	}
 	if r := s.RedisStreams; r != nil {
 		if r.BodyField == "" {
@@ -403,6 +442,12 @@ func (c *Config) Validate() error {
 	d := c.Delivery
 	if d.BatchSize < 1 || d.BatchSize > 10000 {
 		bad("delivery.batchSize", "must be between 1 and 10000, got %d", d.BatchSize)
+	}
+	if d.InFlight < 1 || d.InFlight > 8 {
+		bad("delivery.inFlight", "must be between 1 and 8, got %d", d.InFlight)
+	}
+	if d.Replicas < 0 {
+		bad("delivery.replicas", "must not be negative, got %d", d.Replicas)
 	}
 	if d.MaxAttempts < 1 {
 		bad("delivery.maxAttempts", "must be at least 1, got %d", d.MaxAttempts)

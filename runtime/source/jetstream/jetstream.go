@@ -37,7 +37,29 @@ type Option func(*options)
 type options struct {
 	clientName    string
 	reconnectWait time.Duration
+	// sizedAckPending is the MaxAckPending of a consumer the runtime
+	// creates; minAckPending the least that fills every replica's batches.
+	// Zero leaves the server default (1,000).
+	sizedAckPending, minAckPending int
+	batchSize                      int
 }
+
+// WithDelivery sizes a consumer the runtime creates (and grows one it
+// created earlier) to MaxAckPending = 2 x replicas x batchSize x inFlight,
+// and reports an existing consumer whose limits cannot fill the declared
+// replicas' batches.
+func WithDelivery(d config.Delivery) Option {
+	return func(o *options) {
+		o.sizedAckPending = d.SizedUnacked(d.Replicas)
+		o.minAckPending = d.MinUnacked(d.Replicas)
+		o.batchSize = d.BatchSize
+	}
+}
+
+// CreatedByDescription marks a durable consumer the runtime created (in
+// its description: consumer metadata needs NATS 2.10). Only such a consumer
+// is resized by the runtime; one the user made is left as it is.
+const CreatedByDescription = "created by idc-runtime (messaging.idempotency.dev); MaxAckPending sized for the declared replicas"
 
 // WithClientName sets the NATS connection name shown by the server.
 func WithClientName(name string) Option {
@@ -72,7 +94,7 @@ func New(ctx context.Context, cfg *config.JetStream, logger logr.Logger, opts ..
 		nc.Close()
 		return nil, fmt.Errorf("while opening the JetStream context: %w", err)
 	}
-	consumer, err := bindConsumer(ctx, js, cfg, log)
+	consumer, err := bindConsumer(ctx, js, cfg, log, o)
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -114,29 +136,75 @@ func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.O
 
 // bindConsumer looks the durable consumer up and creates it only when it
 // does not exist, so settings made by the user are never overwritten.
-func bindConsumer(ctx context.Context, js jetstream.JetStream, cfg *config.JetStream, log logr.Logger) (jetstream.Consumer, error) {
+func bindConsumer(ctx context.Context, js jetstream.JetStream, cfg *config.JetStream, log logr.Logger, o options) (jetstream.Consumer, error) {
 	c, err := js.Consumer(ctx, cfg.Stream, cfg.Consumer)
 	if err == nil {
-		return c, checkExisting(c.CachedInfo(), cfg, log)
+		if err := checkExisting(c.CachedInfo(), cfg, log); err != nil {
+			return nil, err
+		}
+		return fitExisting(ctx, js, c, cfg, log, o)
 	}
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("while looking up JetStream consumer %s on stream %s: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	c, err = js.CreateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
-		Durable:       cfg.Consumer,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		FilterSubject: cfg.FilterSubject,
-	})
+	c, err = js.CreateConsumer(ctx, cfg.Stream, newConsumerConfig(cfg, o))
 	if errors.Is(err, jetstream.ErrConsumerExists) {
 		// Another replica created it in the meantime.
-		return bindConsumer(ctx, js, cfg, log)
+		return bindConsumer(ctx, js, cfg, log, o)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("while creating JetStream consumer %s on stream %s: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	log.Info("created JetStream durable consumer", "filterSubject", cfg.FilterSubject)
+	log.Info("created JetStream durable consumer", "filterSubject", cfg.FilterSubject, "maxAckPending", c.CachedInfo().Config.MaxAckPending)
 	return c, nil
+}
+
+// newConsumerConfig is the durable consumer the runtime creates: explicit
+// acks, the whole stream, and MaxAckPending sized for the declared replicas.
+func newConsumerConfig(cfg *config.JetStream, o options) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       cfg.Consumer,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubject: cfg.FilterSubject,
+		MaxAckPending: o.sizedAckPending,
+		Description:   CreatedByDescription,
+	}
+}
+
+// fitExisting grows MaxAckPending of a consumer the runtime created when the
+// declared scale outgrew it (replicas were added), and logs a warning for a
+// user-made consumer whose limits cannot fill every replica's batches (the
+// controller reports the same in the BrokerLimits condition).
+func fitExisting(ctx context.Context, js jetstream.JetStream, c jetstream.Consumer, cfg *config.JetStream, log logr.Logger, o options) (jetstream.Consumer, error) {
+	info := c.CachedInfo()
+	if info == nil || o.sizedAckPending == 0 {
+		return c, nil
+	}
+	cc := info.Config
+	if !AckPendingTooSmall(cc.MaxAckPending, o.minAckPending) {
+		return c, nil
+	}
+	if cc.Description != CreatedByDescription {
+		log.Info("WARNING: the existing JetStream consumer's MaxAckPending cannot fill every replica's batches; throughput is capped by it",
+			"maxAckPending", cc.MaxAckPending, "needed", o.minAckPending)
+		return c, nil
+	}
+	cc.MaxAckPending = o.sizedAckPending
+	updated, err := js.UpdateConsumer(ctx, cfg.Stream, cc)
+	if err != nil {
+		// Not fatal: it only limits throughput.
+		log.Error(err, "could not grow MaxAckPending of the runtime's JetStream consumer", "maxAckPending", o.sizedAckPending)
+		return c, nil
+	}
+	log.Info("grew MaxAckPending of the runtime's JetStream consumer to the declared scale", "maxAckPending", o.sizedAckPending)
+	return updated, nil
+}
+
+// AckPendingTooSmall reports whether a consumer's MaxAckPending (-1 or 0:
+// unlimited) is below needed.
+func AckPendingTooSmall(maxAckPending, needed int) bool {
+	return maxAckPending > 0 && maxAckPending < needed
 }
 
 func checkExisting(info *jetstream.ConsumerInfo, cfg *config.JetStream, log logr.Logger) error {

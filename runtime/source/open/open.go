@@ -42,7 +42,7 @@ func Open(ctx context.Context, cfg *config.Config, logger logr.Logger, consumerN
 	clientName := clientPrefix + "/" + consumerName
 	switch {
 	case s.NATSJetStream != nil:
-		return wrap(jetstream.New(ctx, s.NATSJetStream, logger, jetstream.WithClientName(clientName)))
+		return wrap(jetstream.New(ctx, s.NATSJetStream, logger, jetstream.WithClientName(clientName), jetstream.WithDelivery(cfg.Delivery)))
 	case s.Kafka != nil:
 		return wrap(kafka.New(ctx, s.Kafka, logger, kafka.WithClientOptions(kgo.ClientID(clientName))))
 	case s.RabbitMQ != nil:
