@@ -1,0 +1,248 @@
+package controllers
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+)
+
+// The status fixtures in config/argocd/testdata are what the Argo CD health
+// check and the kstatus test (test/gitops) are run against. They are written
+// by this file from the controller's own status functions, so they carry the
+// condition types, reasons and generations the controller really writes:
+//
+//	IDC_UPDATE_FIXTURES=1 go test ./controllers -run TestStatusFixtures
+//
+// A fixture may also be replaced by a dump from a real cluster
+// (`kubectl get idc NAME -o yaml`, from the e2e run): the check below compares
+// only what the health checks read (generation, observedGeneration, condition
+// types, statuses, reasons), not messages or timestamps.
+
+const fixtureDir = "../config/argocd/testdata"
+
+// fixtureScenario is one state of a resource, as a reconcile pass leaves it.
+type fixtureScenario struct {
+	name string
+	// obs is what the pass observed; nil means the controller never wrote
+	// status (a resource just created).
+	obs *observation
+	// passFailed: the pass returned an error (retried with backoff), so
+	// status.observedGeneration is not stamped.
+	passFailed bool
+	// specEdited: the spec changed after the pass (generation+1), and the
+	// controller has not observed it yet.
+	specEdited bool
+	suspend    bool
+}
+
+func fixtureScenarios() []fixtureScenario {
+	ok := okOutcome
+	secrets := ok(messagingv1alpha1.ReasonReady, "all referenced Secrets found")
+	inbox := ok(messagingv1alpha1.ReasonProvisioned, "inbox projections.inbox_orders_projector (layout Table, schema version 2) and its dead-letter and prune-run tables exist")
+	retention := ok(messagingv1alpha1.ReasonBrokerValues, "window 49h from the broker: stream ORDERS max_age=48h; consumer ack_wait=30s max_deliver=5")
+	runtime := ok(messagingv1alpha1.ReasonReady, "2/2 replicas available")
+	prune := ok(messagingv1alpha1.ReasonScheduled, "the prune CronJob runs on \"*/30 * * * *\" with window 49h")
+	ready := func(mod func(o *observation)) *observation {
+		o := &observation{secrets: secrets, inbox: inbox, retention: retention, runtime: runtime, prune: prune}
+		if mod != nil {
+			mod(o)
+		}
+		return o
+	}
+	inboxFailed := func(reason, msg string) *observation {
+		return &observation{secrets: secrets, inbox: failed(reason, msg)}
+	}
+	return []fixtureScenario{
+		{name: "ready", obs: ready(nil)},
+		{name: "ready-explicit-window", obs: ready(func(o *observation) {
+			o.retention = ok(messagingv1alpha1.ReasonExplicit, "window 168h (spec.retention.window)")
+		})},
+		{name: "ready-prune-suspended", obs: ready(func(o *observation) {
+			o.prune = failed(messagingv1alpha1.ReasonPruneSuspended, "the prune CronJob is suspended: spec.retention.prune.suspend is true")
+		})},
+		{name: "suspended", suspend: true, obs: ready(func(o *observation) {
+			o.runtime = ok(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
+		})},
+		{name: "new-generation-not-observed", specEdited: true, obs: ready(nil)},
+		{name: "progressing-just-created"},
+		{name: "progressing-deployment-not-available", obs: ready(func(o *observation) {
+			o.runtime = failed(messagingv1alpha1.ReasonDeploymentNotReady, "0/2 replicas available")
+		})},
+		{name: "progressing-broker-unreachable", obs: ready(func(o *observation) {
+			o.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, "cannot read retention settings from the broker: dial tcp 10.0.0.9:4222: connection refused; keeping the last window 49h")
+		})},
+		{name: "progressing-waiting-for-retention", obs: ready(func(o *observation) {
+			o.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, "cannot read retention settings from the broker: dial tcp 10.0.0.9:4222: connection refused; no window was resolved yet, so pruning is suspended")
+			o.prune = failed(messagingv1alpha1.ReasonWaitingForWindow, "the prune CronJob is suspended: no retention window is known yet")
+		})},
+		{name: "progressing-secret-not-found", passFailed: true, obs: &observation{
+			secrets: failed(messagingv1alpha1.ReasonSecretNotFound, "Secret \"orders-db\" (spec.sink.postgres.connectionSecretRef) does not exist"),
+		}},
+		{name: "progressing-secret-key-missing", passFailed: true, obs: &observation{
+			secrets: failed(messagingv1alpha1.ReasonSecretKeyMissing, "Secret \"orders-db\" has no key \"dsn\" (spec.sink.postgres.connectionSecretRef)"),
+		}},
+		{name: "progressing-invalid-dsn", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonInvalidDSN,
+			"the connection string in Secret \"orders-db\" key \"dsn\" cannot be parsed; expected postgres://user:password@host:5432/db or key=value form")},
+		{name: "progressing-database-unreachable", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonDatabaseError,
+			"cannot reach the database of Secret \"orders-db\" key \"dsn\": connection refused; retrying with backoff")},
+		{name: "progressing-permission-denied", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonPermissionDenied,
+			"permission denied on schema projections (SQLSTATE 42501: permission denied for database orders); grant the role CREATE on the database and schema")},
+		{name: "progressing-provisioning-failed", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonProvisioningFailed,
+			"provisioning the inbox in schema projections failed (SQLSTATE 53100: could not extend file)")},
+		{name: "stalled-invalid-spec", obs: &observation{
+			stalled: failed(messagingv1alpha1.ReasonInvalidSpec, "spec.sink.effect.upsert.key: column \"order_id\" is not among the columns"),
+		}},
+		{name: "stalled-conflict", obs: &observation{
+			stalled: failed(messagingv1alpha1.ReasonConflict, "inbox table projections.inbox_orders_projector is already used by IdempotentConsumer default/orders-projector-old"),
+		}},
+		{name: "stalled-unbounded-replay", obs: func() *observation {
+			msg := "the broker can replay without bound (stream ORDERS max_age=0 (unlimited)); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile"
+			o := ready(nil)
+			o.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+			o.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+			o.prune = failed(messagingv1alpha1.ReasonWaitingForWindow, "the prune CronJob is suspended: the retention window is not resolved")
+			return o
+		}()},
+	}
+}
+
+var fixtureTime = metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+
+// renderFixture builds the resource as the API server would return it after
+// the scenario's pass.
+func renderFixture(t *testing.T, s fixtureScenario) *messagingv1alpha1.IdempotentConsumer {
+	t.Helper()
+	raw, err := os.ReadFile("../config/samples/messaging_v1alpha1_idempotentconsumer_jetstream_upsert.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	idc := &messagingv1alpha1.IdempotentConsumer{}
+	if err := yaml.Unmarshal(raw, idc); err != nil {
+		t.Fatal(err)
+	}
+	idc.Namespace, idc.Generation, idc.CreationTimestamp = "default", 2, fixtureTime
+	idc.Spec.Suspend = s.suspend
+	if s.obs == nil {
+		idc.Generation = 1
+		return idc
+	}
+	idc.Status.Source = sourceSummary(idc)
+	idc.Status.Guarantee = guaranteeFor(idc)
+	setConditions(idc, s.obs)
+	if !s.passFailed {
+		idc.Status.ObservedGeneration = idc.Generation
+	}
+	for i := range idc.Status.Conditions {
+		idc.Status.Conditions[i].LastTransitionTime = fixtureTime
+	}
+	if s.specEdited {
+		idc.Generation++
+	}
+	return idc
+}
+
+func TestStatusFixtures(t *testing.T) {
+	update := os.Getenv("IDC_UPDATE_FIXTURES") == "1"
+	seenReasons := map[string]bool{}
+	for _, s := range fixtureScenarios() {
+		want := renderFixture(t, s)
+		path := filepath.Join(fixtureDir, s.name+".yaml")
+		if update {
+			writeFixture(t, path, want)
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (regenerate: IDC_UPDATE_FIXTURES=1 go test ./controllers -run TestStatusFixtures)", err)
+		}
+		got := &messagingv1alpha1.IdempotentConsumer{}
+		if err := yaml.Unmarshal(raw, got); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if g, w := healthShape(got), healthShape(want); g != w {
+			t.Errorf("%s does not match what the controller writes for %q:\n got: %s\nwant: %s\n(regenerate: IDC_UPDATE_FIXTURES=1 go test ./controllers -run TestStatusFixtures)", path, s.name, g, w)
+		}
+		for _, c := range got.Status.Conditions {
+			seenReasons[c.Reason] = true
+		}
+	}
+	// Every reason the API declares must be met by the health checks in at
+	// least one fixture: a new reason needs a scenario here.
+	for _, reason := range declaredReasons(t) {
+		if !seenReasons[reason] {
+			t.Errorf("no fixture in %s has a condition with reason %q: add a scenario to fixtureScenarios", fixtureDir, reason)
+		}
+	}
+}
+
+// healthShape is what the Argo CD health check and kstatus read.
+func healthShape(idc *messagingv1alpha1.IdempotentConsumer) string {
+	conds := make([]string, 0, len(idc.Status.Conditions))
+	for _, c := range idc.Status.Conditions {
+		conds = append(conds, fmt.Sprintf("%s=%s/%s@%d", c.Type, c.Status, c.Reason, c.ObservedGeneration))
+	}
+	sort.Strings(conds)
+	return fmt.Sprintf("generation=%d observedGeneration=%d suspend=%t %s", idc.Generation, idc.Status.ObservedGeneration, idc.Spec.Suspend, strings.Join(conds, " "))
+}
+
+// declaredReasons reads the Reason constants from the API package's source
+// that the controller's code (not its tests) uses.
+func declaredReasons(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile("../api/v1alpha1/status_types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var code strings.Builder
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code.Write(b)
+	}
+	var out []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*(Reason\w+)\s*=\s*"(\w+)"`).FindAllStringSubmatch(string(src), -1) {
+		if regexp.MustCompile(`\bmessagingv1alpha1\.` + m[1] + `\b`).MatchString(code.String()) {
+			out = append(out, m[2])
+		}
+	}
+	if len(out) < 10 {
+		t.Fatalf("found only %d Reason constants used by the controller", len(out))
+	}
+	return out
+}
+
+func writeFixture(t *testing.T, path string, idc *messagingv1alpha1.IdempotentConsumer) {
+	t.Helper()
+	idc.APIVersion, idc.Kind = messagingv1alpha1.GroupVersion.String(), "IdempotentConsumer"
+	out, err := yaml.Marshal(idc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := "# Written by `IDC_UPDATE_FIXTURES=1 go test ./controllers -run TestStatusFixtures`\n" +
+		"# from the controller's status functions, or dumped from a real cluster\n" +
+		"# (kubectl get idc -o yaml). Read by test/gitops (Argo CD Lua health check, kstatus).\n"
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append([]byte(header), out...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
