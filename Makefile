@@ -136,11 +136,11 @@ build: ## Build bin/manager and bin/idc-runtime (static, with the version).
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/idc-runtime ./runtime/cmd/idc-runtime
 
 .PHONY: image
-image: ## Build the image without Docker: bin/idc-operator-image.tar (docker archive) + bin/idc-operator-oci/ (OCI layout).
+image: ## Build the image without Docker: bin/idc-operator-image.tar (OCI archive; .docker.tar for docker load).
 	@mkdir -p $(LOCALBIN)/linux
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/manager .
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/idc-runtime ./runtime/cmd/idc-runtime
-	go run ./hack/image -tag $(IMG) -out $(LOCALBIN)/idc-operator-image.tar -oci $(LOCALBIN)/idc-operator-oci -base \
+	go run ./hack/image -tag $(IMG) -out $(LOCALBIN)/idc-operator-image.tar -docker $(LOCALBIN)/idc-operator-image.docker.tar -base \
 	  -file /manager=$(LOCALBIN)/linux/manager -file /idc-runtime=$(LOCALBIN)/linux/idc-runtime \
 	  -entrypoint /manager -user 65532:65532 -created $(SOURCE_DATE_EPOCH) \
 	  -label org.opencontainers.image.version=$(VERSION) -label org.opencontainers.image.revision=$(COMMIT) \
