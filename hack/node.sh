@@ -59,7 +59,7 @@ ext_if() { ip -4 route show default 2>/dev/null | awk '{for (i=1;i<NF;i++) if ($
 # PID file: the number may belong to someone else's process now).
 alive() {
   local f=$ST/$1.pid pid exe
-  [[ -f $f ]] || return 1
+  [[ -f $f && -f $ST/$1.exe ]] || return 1
   pid=$(<"$f")
   kill -0 "$pid" 2>/dev/null || return 1
   exe=$(<"$ST/$1.exe")
@@ -204,10 +204,11 @@ up() {
   local envbin nodebin
   envbin=$("$root/hack/build-envtest.sh")
   nodebin=$("$root/hack/build-node.sh")
-  cp -f "$envbin/kube-apiserver" "$envbin/etcd" "$nodebin"/{kubelet,kube-controller-manager,kube-scheduler,kube-proxy,kubectl,cri-clean} "$N/" 2>/dev/null || true
+  # The node runs its own links of the binaries, so that `down` and
+  # `check-clean` can tell its processes from any other by their path.
   mkdir -p "$N/bin"
-  for b in kube-apiserver etcd kubelet kube-controller-manager kube-scheduler kube-proxy kubectl cri-clean; do
-    mv -f "$N/$b" "$N/bin/$b"
+  for b in "$envbin/kube-apiserver" "$envbin/etcd" "$nodebin"/{kubelet,kube-controller-manager,kube-scheduler,kube-proxy,kubectl,cri-clean}; do
+    ln -f "$b" "$N/bin/" 2>/dev/null || cp -f "$b" "$N/bin/"
   done
   B=$N/bin
   log "binaries ready ($(($(date +%s) - t0))s)"
