@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -107,6 +108,9 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, retErr error) {
 	idc := &messagingv1alpha1.IdempotentConsumer{}
 	if err := r.client.Get(ctx, req.NamespacedName, idc); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetBrokerLimits(req.Namespace, req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("consumer", klog.KObj(idc)))
@@ -363,6 +367,7 @@ var transitionEvents = []struct {
 	{messagingv1alpha1.ConditionPruneScheduled, metav1.ConditionTrue, corev1.EventTypeNormal, "PruneScheduled"},
 	{messagingv1alpha1.ConditionRetentionResolved, metav1.ConditionFalse, corev1.EventTypeWarning, "RetentionUnresolved"},
 	{messagingv1alpha1.ConditionStalled, metav1.ConditionTrue, corev1.EventTypeWarning, "Stalled"},
+	{messagingv1alpha1.ConditionBrokerLimits, metav1.ConditionFalse, corev1.EventTypeWarning, messagingv1alpha1.ReasonBrokerLimitTooSmall},
 }
 
 func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.IdempotentConsumer) {

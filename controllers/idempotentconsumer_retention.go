@@ -36,6 +36,7 @@ func (r *Reconciler) reconcileRetention(ctx context.Context, idc *messagingv1alp
 	now := r.opts.Clock.Now()
 	current := appliedFromStatus(idc.Status.Retention)
 	derived, err := r.opts.Retention.Derive(ctx, rc.Config, secrets.getenv, now)
+	observeBrokerLimits(idc, rc.Config, derived.Limits, obs)
 	switch {
 	case errors.Is(err, retention.ErrUnboundedReplay):
 		msg := fmt.Sprintf("the broker can replay without bound (%s); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile", derived.DerivedFrom)

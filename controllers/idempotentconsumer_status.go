@@ -35,6 +35,8 @@ type observation struct {
 	retention outcome
 	runtime   outcome
 	prune     outcome
+	// brokerLimits is the BrokerLimits condition; it never blocks Ready.
+	brokerLimits outcome
 	// err is a transient failure: the pass is retried with backoff.
 	err error
 }
@@ -78,6 +80,9 @@ func setConditions(idc *messagingv1alpha1.IdempotentConsumer, o *observation) {
 	setCondition(idc, messagingv1alpha1.ConditionRetentionResolved, o.retention, b)
 	setCondition(idc, messagingv1alpha1.ConditionRuntimeReady, o.runtime, b)
 	setCondition(idc, messagingv1alpha1.ConditionPruneScheduled, o.prune, b)
+	// Unknown, never False, until the broker was read: False means a limit
+	// was seen too small (and emits a Warning event).
+	setCondition(idc, messagingv1alpha1.ConditionBrokerLimits, o.brokerLimits, outcome{})
 
 	ready := summarize(o)
 	setCondition(idc, messagingv1alpha1.ConditionReady, ready, outcome{})

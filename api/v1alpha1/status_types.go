@@ -49,6 +49,17 @@ const (
 	ReasonInvalidSpec        = "InvalidSpec"
 )
 
+// The BrokerLimits condition: True when the broker-side consumer limits can
+// fill every declared replica's in-flight batches (replicas x batchSize x
+// inFlight unacknowledged messages), False with reason BrokerLimitTooSmall
+// when an existing consumer caps throughput below that. It does not make
+// the resource unready: the consumer works, only slower.
+const (
+	ConditionBrokerLimits     = "BrokerLimits"
+	ReasonLimitsFit           = "LimitsFit"
+	ReasonBrokerLimitTooSmall = "BrokerLimitTooSmall"
+)
+
 // Guarantee is what the consumer promises for its effect.
 // +kubebuilder:validation:Enum=ExactlyOnceEffect;AtLeastOnceWithIdempotencyKey
 type Guarantee string

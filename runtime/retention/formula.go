@@ -134,6 +134,18 @@ type Observation struct {
 	// oldest Redis entry, Kafka's offsets.retention.minutes): DerivedFrom
 	// only, never the hash.
 	Info []string
+	// Limits are the broker-side consumer limits read on the way (they do
+	// not enter the formula or the hash).
+	Limits ConsumerLimits
+}
+
+// ConsumerLimits are broker-side limits of an existing consumer that cap how
+// many messages all replicas together hold unacknowledged. Zero: no limit,
+// or nothing to read (the consumer does not exist yet, or the broker has no
+// such limit).
+type ConsumerLimits struct {
+	// MaxAckPending of the JetStream durable consumer (-1: unlimited).
+	MaxAckPending int
 }
 
 // Result is a derived (or declared) window and how it came about.
@@ -157,6 +169,8 @@ type Result struct {
 	InputsHash string
 	// ObservedAt is when the inputs were read.
 	ObservedAt time.Time
+	// Limits are the consumer's broker-side limits (Derived mode only).
+	Limits ConsumerLimits
 }
 
 // Compute applies the formula to the declared spec and the broker's
@@ -206,6 +220,7 @@ func derived(spec Spec, obs Observation, now time.Time) (Result, error) {
 		Source:            decidingSource(rd, rp),
 		InputsHash:        hashOf(canonical(spec, obs)),
 		ObservedAt:        now,
+		Limits:            obs.Limits,
 	}
 	calc := fmt.Sprintf("L=%s A=%s R_redeliver=min(L,A+O)=%s R_replay=%s", obs.Life, a, redeliver, obs.Replay)
 	res.DerivedFrom = strings.Join(append(append(facts, obs.Info...), calc+boundNote(rd, rp)), "; ")

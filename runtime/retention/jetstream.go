@@ -48,7 +48,9 @@ func (j *jetStreamInspector) Inspect(ctx context.Context) (Observation, error) {
 	if err != nil {
 		return Observation{}, err
 	}
-	return jetStreamObservation(j.cfg.Stream, st, cc, fact), nil
+	obs := jetStreamObservation(j.cfg.Stream, st, cc, fact)
+	obs.Limits.MaxAckPending = cc.MaxAckPending // 0 when the consumer does not exist yet
+	return obs, nil
 }
 
 func (j *jetStreamInspector) options() ([]nats.Option, error) {
