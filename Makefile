@@ -80,7 +80,7 @@ test: helm ## Run every test: unit, envtest, real services, short chaos, then th
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" IDC_HELM=$(HELM) go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
 	@# The real node: started for the e2e suite unless it already runs, and
 	@# stopped again (and proven clean) if this target started it.
-	@if hack/node.sh status | grep -q '^kubelet: running'; then \
+	@if hack/node.sh running; then \
 	  $(MAKE) --no-print-directory test-e2e; \
 	else \
 	  $(MAKE) --no-print-directory node-up && \
@@ -90,7 +90,7 @@ test: helm ## Run every test: unit, envtest, real services, short chaos, then th
 .PHONY: test-e2e
 test-e2e: build-installer ## End-to-end on the real node (make node-up first): install.yaml, kubelet-run pods, every broker.
 	@hack/services.sh check
-	@hack/node.sh status | grep -q '^kubelet: running' || { echo "the real node is not running: make node-up" >&2; exit 1; }
+	@hack/node.sh running || { echo "the real node is not running: make node-up" >&2; exit 1; }
 	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) \
 	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 25m -v ./test/e2e/...
 

@@ -13,6 +13,7 @@
 #   hack/node.sh down         stop what `up` started (by recorded PID) and remove every trace
 #   hack/node.sh check-clean  print what is left of a node; exit 1 if anything is
 #   hack/node.sh status       components and their PIDs
+#   hack/node.sh running      exit 0 when the node runs
 #   hack/node.sh import FILE  import an image archive into the node's containerd
 #
 # Everything lives under $IDC_NODE_DIR (default bin/node). Needs root.
@@ -403,6 +404,7 @@ up) up ;;
 down) down ;;
 check-clean) check_clean ;;
 status) status ;;
+running) alive kubelet && alive kube-apiserver ;;
 import) need_root; import "${2:?image archive}" ;;
 kubeconfig) echo "$K/admin.kubeconfig" ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
