@@ -35,16 +35,21 @@ type Message struct {
 
 // Source is a broker adapter.
 //
-// Implementations must be safe for use by one goroutine at a time (the
-// consumer loop). They reconnect on their own: after an error from Fetch or
-// Ack the loop backs off and calls again.
+// Fetch is called by one goroutine at a time; Ack may be called from other
+// goroutines at the same time as Fetch and as other Acks (the consumer loop
+// fetches the next batch while in-flight transactions commit and each lane
+// acknowledges its own messages). Implementations reconnect on their own:
+// after an error from Fetch or Ack the loop backs off and calls again.
 type Source interface {
 	// Fetch returns up to max messages, waiting at most maxWait for the first
 	// one. An empty slice with a nil error means nothing arrived in time.
 	Fetch(ctx context.Context, max int, maxWait time.Duration) ([]Message, error)
 	// Ack acknowledges messages returned by Fetch. It is called only after the
 	// database transaction holding their effects has committed, for every
-	// message of the batch (duplicates and dead letters included).
+	// message of that transaction (duplicates and dead letters included).
+	// Messages of one Fetch may be acknowledged in several calls and out of
+	// fetch order; an adapter whose broker acknowledges cumulatively (Kafka
+	// offsets) must not acknowledge past a message still outstanding.
 	Ack(ctx context.Context, msgs []Message) error
 	// Close releases connections. Unacknowledged messages are redelivered by
 	// the broker later.

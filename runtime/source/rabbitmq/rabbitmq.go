@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -35,6 +36,9 @@ type Source struct {
 	opts  options
 	queue string
 
+	// mu guards session, gen and the session's pending set: Ack runs
+	// concurrently with Fetch. It is not held while Fetch waits.
+	mu sync.Mutex
 	// session is the live connection and channel; nil while disconnected.
 	session *session
 	// gen numbers sessions so Ack can tell stale deliveries apart.
@@ -179,8 +183,11 @@ func (sess *session) pump(deliveries <-chan amqp.Delivery) {
 // ensureSession reconnects when the last session was lost, pausing with an
 // exponential backoff between failed attempts.
 func (s *Source) ensureSession(ctx context.Context) (*session, error) {
-	if s.session != nil {
-		return s.session, nil
+	s.mu.Lock()
+	sess := s.session
+	s.mu.Unlock()
+	if sess != nil {
+		return sess, nil
 	}
 	if wait := time.Until(s.nextDial); wait > 0 {
 		t := time.NewTimer(wait)
@@ -198,13 +205,21 @@ func (s *Source) ensureSession(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("while reconnecting to RabbitMQ: %w", err)
 	}
 	s.backoff = 0
+	s.mu.Lock()
 	s.session = sess
+	s.mu.Unlock()
 	s.log.Info("reconnected to RabbitMQ")
 	return sess, nil
 }
 
 // drop forgets a lost session; the next Fetch reconnects.
 func (s *Source) drop(sess *session, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dropLocked(sess, reason)
+}
+
+func (s *Source) dropLocked(sess *session, reason string) {
 	if s.session != sess {
 		return
 	}
@@ -271,6 +286,8 @@ func (s *Source) waitFirst(ctx context.Context, sess *session, maxWait time.Dura
 }
 
 func (s *Source) messages(sess *session, ds []amqp.Delivery) []source.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := time.Now()
 	msgs := make([]source.Message, len(ds))
 	for i, d := range ds {
@@ -281,11 +298,14 @@ func (s *Source) messages(sess *session, ds []amqp.Delivery) []source.Message {
 	return msgs
 }
 
-// Ack acknowledges the deliveries of the current channel: with one
-// multiple-ack when their tags are contiguous and nothing older is
-// outstanding, else one by one. Deliveries from an earlier channel yield
-// ErrStaleDelivery.
+// Ack acknowledges the deliveries of the current channel per delivery tag:
+// each contiguous run of tags with nothing older outstanding goes as one
+// multiple-ack, every other tag on its own (a multiple-ack would also
+// acknowledge an older delivery of another in-flight transaction).
+// Deliveries from an earlier channel yield ErrStaleDelivery.
 func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var tags []uint64
 	stale := 0
 	for _, m := range msgs {
@@ -314,46 +334,60 @@ func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 func (s *Source) ackTags(sess *session, tags []uint64) error {
 	slices.Sort(tags)
 	tags = slices.Compact(tags)
-	var err error
-	if multipleAckCovers(sess.pending, tags) {
-		err = sess.ch.Ack(tags[len(tags)-1], true)
-	} else {
-		for _, tag := range tags {
-			if err = sess.ch.Ack(tag, false); err != nil {
-				break
+	for _, run := range contiguousRuns(tags) {
+		var err error
+		if oldestPending(sess.pending) >= run[0] {
+			err = sess.ch.Ack(run[len(run)-1], true)
+		} else {
+			for _, tag := range run {
+				if err = sess.ch.Ack(tag, false); err != nil {
+					break
+				}
 			}
 		}
-	}
-	if err != nil {
-		s.drop(sess, "acknowledgement failed")
-		return fmt.Errorf("while acknowledging %d deliveries: %w", len(tags), err)
-	}
-	for _, tag := range tags {
-		delete(sess.pending, tag)
+		if err != nil {
+			s.dropLocked(sess, "acknowledgement failed")
+			return fmt.Errorf("while acknowledging %d deliveries: %w", len(tags), err)
+		}
+		for _, tag := range run {
+			delete(sess.pending, tag)
+		}
 	}
 	return nil
 }
 
-// multipleAckCovers tells whether one multiple-ack of the last tag
-// acknowledges exactly the sorted tags: they are contiguous and no older
-// fetched delivery is still outstanding.
-func multipleAckCovers(pending map[uint64]struct{}, tags []uint64) bool {
-	if tags[len(tags)-1]-tags[0] != uint64(len(tags)-1) {
-		return false
-	}
-	for tag := range pending {
-		if tag < tags[0] {
-			return false
+// contiguousRuns splits sorted, distinct tags into runs of consecutive tags.
+func contiguousRuns(tags []uint64) [][]uint64 {
+	var runs [][]uint64
+	start := 0
+	for i := 1; i <= len(tags); i++ {
+		if i == len(tags) || tags[i] != tags[i-1]+1 {
+			runs = append(runs, tags[start:i])
+			start = i
 		}
 	}
-	return true
+	return runs
+}
+
+// oldestPending is the smallest outstanding tag (MaxUint64 when none): a
+// multiple-ack up to a run's last tag is exact only when no outstanding
+// tag is older than the run's first. Deliveries still buffered, not yet
+// fetched, always have larger tags than every fetched one.
+func oldestPending(pending map[uint64]struct{}) uint64 {
+	oldest := ^uint64(0)
+	for tag := range pending {
+		oldest = min(oldest, tag)
+	}
+	return oldest
 }
 
 // Close closes the connection; the broker requeues unacknowledged
 // deliveries.
 func (s *Source) Close() error {
+	s.mu.Lock()
 	sess := s.session
 	s.session = nil
+	s.mu.Unlock()
 	if sess == nil {
 		return nil
 	}

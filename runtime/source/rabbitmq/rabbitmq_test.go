@@ -287,20 +287,54 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
-func TestMultipleAckCovers(t *testing.T) {
-	pending := map[uint64]struct{}{3: {}, 4: {}, 5: {}, 7: {}}
-	cases := []struct {
-		tags []uint64
-		want bool
-	}{
-		{[]uint64{3, 4, 5}, true},
-		{[]uint64{4, 5}, false}, // 3 is older and outstanding
-		{[]uint64{3, 5}, false}, // not contiguous
-		{[]uint64{3}, true},
-	}
-	for _, c := range cases {
-		if got := multipleAckCovers(pending, c.tags); got != c.want {
-			t.Errorf("multipleAckCovers(%v) = %v, want %v", c.tags, got, c.want)
+// TestInterleavedLanesAckExactlyTheirOwn: two in-flight transactions
+// (lanes) hold interleaved delivery tags of one fetch. Each lane's ack
+// must acknowledge its own tags only, never an older outstanding tag of
+// the other lane through a multiple-ack.
+func TestInterleavedLanesAckExactlyTheirOwn(t *testing.T) {
+	f := newFixture(t, nil)
+	f.publish(t, outgoing("a", "b", "c", "d", "e", "f", "g", "h"))
+	s := newSource(t, f.cfg())
+	msgs := fetchN(t, s, 8)
+	var even, odd []source.Message
+	for i, m := range msgs {
+		if i%2 == 0 {
+			even = append(even, m)
+		} else {
+			odd = append(odd, m)
 		}
+	}
+	// The later half of the odd lane and a contiguous run b..d of both.
+	if err := s.Ack(t.Context(), odd[2:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ack(t.Context(), msgs[1:4]); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	s2 := newSource(t, f.cfg())
+	again := fetchN(t, s2, 3)
+	got := []string{again[0].NativeID, again[1].NativeID, again[2].NativeID}
+	if want := []string{"a", "e", "g"}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("redelivered %v, want exactly the unacknowledged %v", got, want)
+	}
+	if err := s2.Ack(t.Context(), again); err != nil {
+		t.Fatal(err)
+	}
+	if rest, err := s2.Fetch(t.Context(), 10, 500*time.Millisecond); err != nil || len(rest) != 0 {
+		t.Fatalf("after acking everything: %d deliveries, %v", len(rest), err)
+	}
+}
+
+func TestContiguousRunsAndOldestPending(t *testing.T) {
+	runs := contiguousRuns([]uint64{1, 2, 3, 5, 7, 8})
+	if fmt.Sprint(runs) != "[[1 2 3] [5] [7 8]]" {
+		t.Errorf("runs = %v", runs)
+	}
+	if got := oldestPending(map[uint64]struct{}{9: {}, 4: {}, 6: {}}); got != 4 {
+		t.Errorf("oldestPending = %d, want 4", got)
+	}
+	if got := oldestPending(nil); got != ^uint64(0) {
+		t.Errorf("oldestPending(empty) = %d", got)
 	}
 }
