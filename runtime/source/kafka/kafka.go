@@ -28,6 +28,10 @@ import (
 // record has been acknowledged, so offsets are never committed for a
 // partition the group moved elsewhere in between. Records fetched but never
 // acknowledged before Close are not committed and go to the next owner.
+//
+// Records of one partition may be acknowledged out of order (in-flight
+// transactions on different lanes); the committed offset only advances up
+// to the lowest record still outstanding in that partition.
 type Source struct {
 	log       logr.Logger
 	cl        *kgo.Client
@@ -36,9 +40,28 @@ type Source struct {
 	mu sync.Mutex
 	// pending counts fetched records not acknowledged yet.
 	pending int
+	// outstanding holds, per partition, the fetched records in offset order
+	// that are not yet committable (not acknowledged, or behind one that
+	// is not).
+	outstanding map[topicPartition]*partitionQueue
 	// committed is the next offset committed per partition by this client,
 	// so that acknowledging an older batch late never rewinds the group.
 	committed map[topicPartition]int64
+	// idleAt is when no fetched record was last outstanding: the fetch
+	// overlap is paused after rebalanceEvery so a rebalance can happen.
+	idleAt time.Time
+}
+
+// rebalanceEvery bounds how long overlapping fetches keep rebalances
+// blocked: after it, Fetch first waits until every fetched record has been
+// acknowledged and lets a pending rebalance through.
+const rebalanceEvery = 2 * time.Second
+
+// partitionQueue is one partition's fetched records in offset order and the
+// offsets acknowledged among them.
+type partitionQueue struct {
+	records []*kgo.Record
+	acked   map[int64]bool
 }
 
 type topicPartition struct {
@@ -82,7 +105,7 @@ func New(ctx context.Context, cfg *config.Kafka, logger logr.Logger, opts ...Opt
 		cl.Close()
 		return nil, fmt.Errorf("while connecting to Kafka: %w", err)
 	}
-	return &Source{log: log, cl: cl, committed: map[topicPartition]int64{}}, nil
+	return &Source{log: log, cl: cl, committed: map[topicPartition]int64{}, outstanding: map[topicPartition]*partitionQueue{}, idleAt: time.Now()}, nil
 }
 
 func clientOptions(cfg *config.Kafka, log logr.Logger) ([]kgo.Opt, error) {
@@ -138,13 +161,14 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	if maxN <= 0 {
 		return nil, nil
 	}
+	if err := s.drainForRebalance(ctx); err != nil {
+		return nil, err
+	}
 	pollCtx, cancel := context.WithTimeout(ctx, maxWait)
 	defer cancel()
 	fetches := s.cl.PollRecords(pollCtx, maxN)
 	records := fetches.Records()
-	s.mu.Lock()
-	s.pending += len(records)
-	s.mu.Unlock()
+	s.track(records)
 	err := s.pollError(ctx, fetches)
 	if len(records) == 0 {
 		s.allowRebalanceIfIdle()
@@ -198,16 +222,50 @@ func convert(r *kgo.Record) source.Message {
 	}
 }
 
-// Ack commits, per partition, the offset after the highest acknowledged
-// record, synchronously. Committing a record also commits every earlier
-// record of its partition: acknowledge batches completely and in order.
-// Once no fetched record is outstanding, rebalances are allowed again.
-func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
+// track records fetched records as outstanding, per partition in offset
+// order (a poll returns each partition's records in order).
+func (s *Source) track(records []*kgo.Record) {
 	s.mu.Lock()
-	s.pending -= len(msgs)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	s.pending += len(records)
+	for _, r := range records {
+		tp := topicPartition{r.Topic, r.Partition}
+		q := s.outstanding[tp]
+		if q == nil {
+			q = &partitionQueue{acked: map[int64]bool{}}
+			s.outstanding[tp] = q
+		}
+		q.records = append(q.records, r)
+	}
+}
+
+// drainForRebalance: once fetches have overlapped for rebalanceEvery without
+// a moment where nothing was outstanding, wait until the in-flight records
+// are acknowledged, so the group can rebalance between two polls.
+func (s *Source) drainForRebalance(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		busy := s.pending > 0 && time.Since(s.idleAt) > rebalanceEvery
+		s.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Ack commits, per partition, the offset after the highest record that has
+// no unacknowledged record before it, synchronously. Once no fetched record
+// is outstanding, rebalances are allowed again.
+func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
+	recs, err := s.acknowledge(msgs)
 	defer s.allowRebalanceIfIdle()
-	recs, err := s.toCommit(msgs)
 	if err != nil || len(recs) == 0 {
 		return err
 	}
@@ -217,33 +275,56 @@ func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range recs {
-		s.committed[topicPartition{r.Topic, r.Partition}] = r.Offset + 1
+		tp := topicPartition{r.Topic, r.Partition}
+		if next := r.Offset + 1; next > s.committed[tp] {
+			s.committed[tp] = next
+		}
 	}
 	return nil
 }
 
-// toCommit returns the highest record per partition, skipping partitions
-// whose committed offset is already past it.
-func (s *Source) toCommit(msgs []source.Message) ([]*kgo.Record, error) {
-	highest := map[topicPartition]*kgo.Record{}
+// acknowledge marks msgs acknowledged and returns, per partition whose
+// committable prefix grew, the last record of that prefix.
+func (s *Source) acknowledge(msgs []source.Message) ([]*kgo.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	touched := map[topicPartition]bool{}
 	for _, m := range msgs {
 		r, ok := m.Ref.(*kgo.Record)
 		if !ok {
 			return nil, fmt.Errorf("message %s was not fetched from Kafka", m.NativeID)
 		}
 		tp := topicPartition{r.Topic, r.Partition}
-		if h, ok := highest[tp]; !ok || r.Offset > h.Offset {
-			highest[tp] = r
+		q := s.outstanding[tp]
+		if q == nil {
+			continue // acknowledged twice, or from before a rebalance
 		}
+		if !q.acked[r.Offset] {
+			q.acked[r.Offset] = true
+			s.pending--
+		}
+		touched[tp] = true
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	recs := make([]*kgo.Record, 0, len(highest))
-	for tp, r := range highest {
-		if next, ok := s.committed[tp]; ok && r.Offset+1 <= next {
+	var recs []*kgo.Record
+	for tp := range touched {
+		q := s.outstanding[tp]
+		n := 0
+		for n < len(q.records) && q.acked[q.records[n].Offset] {
+			delete(q.acked, q.records[n].Offset)
+			n++
+		}
+		if n == 0 {
 			continue
 		}
-		recs = append(recs, r)
+		last := q.records[n-1]
+		q.records = q.records[n:]
+		if len(q.records) == 0 {
+			delete(s.outstanding, tp)
+		}
+		if next, ok := s.committed[tp]; ok && last.Offset+1 <= next {
+			continue
+		}
+		recs = append(recs, last)
 	}
 	return recs, nil
 }
@@ -254,6 +335,9 @@ func (s *Source) allowRebalanceIfIdle() {
 		s.pending = 0
 	}
 	idle := s.pending == 0
+	if idle {
+		s.idleAt = time.Now()
+	}
 	s.mu.Unlock()
 	if idle {
 		s.cl.AllowRebalance()

@@ -160,6 +160,60 @@ func TestLateAckDoesNotRewind(t *testing.T) {
 	}
 }
 
+// TestCommitStopsAtLowestUnacknowledged: two in-flight lanes hold
+// interleaved records of one partition. Acknowledging the odd lane first
+// commits nothing past the lowest outstanding record (offset 0); once the
+// even lane is acknowledged too, the commit covers all six.
+func TestCommitStopsAtLowestUnacknowledged(t *testing.T) {
+	f := newFixture(t, 1)
+	var out []sourcetest.Outgoing
+	for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+		out = append(out, sourcetest.Outgoing{ID: id, Body: []byte(id)})
+	}
+	f.publish(t, out)
+	s := newSource(t, f.cfg())
+	defer s.Close()
+	msgs := fetchN(t, s, 6)
+	var even, odd []source.Message
+	for i, m := range msgs {
+		if i%2 == 0 {
+			even = append(even, m)
+		} else {
+			odd = append(odd, m)
+		}
+	}
+	committed := func() int64 {
+		t.Helper()
+		offsets, err := kadm.NewClient(f.client(t)).FetchOffsets(t.Context(), f.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, ok := offsets.Lookup(f.topic, 0)
+		if !ok {
+			return -1
+		}
+		return o.At
+	}
+	if err := s.Ack(t.Context(), odd); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(); at > 0 {
+		t.Fatalf("after acknowledging offsets 1,3,5 the group committed %d, past the outstanding offset 0", at)
+	}
+	if err := s.Ack(t.Context(), even[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(); at != 2 {
+		t.Fatalf("after acknowledging 0 as well: committed %d, want 2 (offset 2 is outstanding)", at)
+	}
+	if err := s.Ack(t.Context(), even[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if at := committed(); at != 6 {
+		t.Fatalf("after acknowledging everything: committed %d, want 6", at)
+	}
+}
+
 // TestTwoMembersShareTheGroup runs two sources in one group on a
 // two-partition topic: every record is delivered, and a record whose
 // member leaves unacknowledged is consumed by the remaining member.
