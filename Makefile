@@ -114,9 +114,9 @@ test-chaos: ## Long chaos run: 100k messages, >= 30 SIGKILLs (some between COMMI
 	IDC_CHAOS=long go test -count=1 -timeout 45m -run TestChaos -v ./test/chaos/...
 
 .PHONY: bench
-bench: ## Data-plane benchmark: batched inbox vs per-message inbox vs no dedup (JetStream -> upsert).
+bench: ## Data-plane benchmark table: DB ceiling, idc-runtime replicas per broker, inbox modes, RATIO lines.
 	@hack/services.sh check
-	go test -run '^$$' -bench . -benchtime 1x -timeout 10m ./test/bench/...
+	go test -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/bench/...
 
 .PHONY: bench-prune
 bench-prune: ## Prune benchmark: 5M expired ids, Table batched delete vs Partitioned drop, under claim load.

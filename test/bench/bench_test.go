@@ -167,6 +167,23 @@ func (e *env) publish(b *testing.B) {
 		b.Fatalf("creating stream: %v", err)
 	}
 	b.Cleanup(func() { _ = e.js.DeleteStream(context.Background(), e.stream) })
+	bodies := benchBodies()
+	for _, body := range bodies {
+		if _, err := e.js.PublishAsync(e.stream+".orders", body); err != nil {
+			b.Fatalf("publishing: %v", err)
+		}
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		b.Fatal("publishing did not complete")
+	}
+	e.total = len(bodies)
+}
+
+// benchBodies is the stream content: keys x versions events, shuffled, plus
+// 20% re-sent duplicates (the same id and body as a new stream message).
+func benchBodies() [][]byte {
 	rng := rand.New(rand.NewPCG(42, 7))
 	var bodies [][]byte
 	for k := range keys {
@@ -187,17 +204,7 @@ func (e *env) publish(b *testing.B) {
 		o := keys * versions
 		bodies[o+i], bodies[o+j] = bodies[o+j], bodies[o+i]
 	})
-	for _, body := range bodies {
-		if _, err := e.js.PublishAsync(e.stream+".orders", body); err != nil {
-			b.Fatalf("publishing: %v", err)
-		}
-	}
-	select {
-	case <-e.js.PublishAsyncComplete():
-	case <-ctx.Done():
-		b.Fatal("publishing did not complete")
-	}
-	e.total = len(bodies)
+	return bodies
 }
 
 // jetStreamSource opens the project's JetStream adapter on a new durable

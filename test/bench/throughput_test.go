@@ -1,0 +1,742 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idempotency-dev/idc-operator/internal/testbin"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
+	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+	jsadapter "github.com/idempotency-dev/idc-operator/runtime/source/jetstream"
+	"github.com/idempotency-dev/idc-operator/runtime/source/rabbitmq"
+	"github.com/idempotency-dev/idc-operator/runtime/source/redisstreams"
+)
+
+const (
+	amqpURI    = "amqp://guest:guest@127.0.0.1:5672/"
+	amqpURIEnv = "IDC_BENCH_AMQP_URI"
+	redisAddr  = "127.0.0.1:6379"
+	dsnEnv     = "IDC_POSTGRES_DSN"
+
+	// ceilingConns is how many connections drive the database ceiling.
+	ceilingConns = 4
+	// rowTimeout bounds one row of the table.
+	rowTimeout = 4 * time.Minute
+	// pollEvery is how often the replicas' idc_messages_total is read.
+	pollEvery = 10 * time.Millisecond
+)
+
+// BenchmarkThroughput prints the throughput table of `make bench`, every
+// row measured in this one run: the database ceiling (the claim + upsert SQL
+// driven from Go, no broker), the idc-runtime binary as separate processes
+// (as pods run it) for JetStream at replicas {1,2,4,8} x batchSize {100,500,
+// 2000}, RabbitMQ, Redis Streams and Kafka (kfake) at 2 replicas each next
+// to the broker alone (consume + ack, no database), peak RSS per replica,
+// and the RATIO lines.
+func BenchmarkThroughput(b *testing.B) {
+	w := newWorkload()
+	t := newThroughputEnv(b, w)
+	for range b.N {
+		ceiling := t.dbCeiling(b)
+		printRow(ceiling)
+
+		jsAlone := t.jetStreamAlone(b, 2)
+		printRow(jsAlone)
+		best := map[int]float64{}
+		scale := map[int]float64{}
+		var jsRows []row
+		for _, batch := range []int{100, 500, 2000} {
+			for _, replicas := range []int{1, 2, 4, 8} {
+				r := t.runJetStream(b, replicas, batch)
+				printRow(r)
+				jsRows = append(jsRows, r)
+				best[replicas] = max(best[replicas], r.rate())
+				if batch == 500 {
+					scale[replicas] = r.rate()
+				}
+			}
+		}
+		printRow(t.rabbitAlone(b, 2))
+		printRow(t.runRabbitMQ(b, 2, 500))
+		printRow(t.redisAlone(b, 2))
+		printRow(t.runRedis(b, 2, 500))
+		printRow(t.runKafka(b, 2, 500))
+
+		fmt.Printf("RATIO runtime_vs_db_ceiling=%.2f\n", scale[2]/ceiling.rate())
+		fmt.Printf("SCALEOUT batch=500 replicas_1=%.0f replicas_2=%.0f replicas_4=%.0f replicas_8=%.0f (4 and 8 vs 2: %.2f %.2f)\n",
+			scale[1], scale[2], scale[4], scale[8], scale[4]/scale[2], scale[8]/scale[2])
+		worst := 1.0
+		for _, r := range jsRows {
+			worst = min(worst, r.rate()/best[r.replicas])
+		}
+		fmt.Printf("MATRIX worst_row_vs_best_at_same_replicas=%.2f\n", worst)
+		b.ReportMetric(scale[2]/ceiling.rate(), "runtime_vs_db_ceiling")
+	}
+}
+
+// row is one line of the table.
+type row struct {
+	name     string
+	replicas int
+	batch    int
+	msgs     int
+	elapsed  time.Duration
+	rssMiB   float64 // peak RSS of the largest replica; 0 when in-process
+	note     string
+}
+
+func (r row) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
+
+func printRow(r row) {
+	rss := "-"
+	if r.rssMiB > 0 {
+		rss = fmt.Sprintf("%.1f", r.rssMiB)
+	}
+	note := ""
+	if r.note != "" {
+		note = " note=" + strconv.Quote(r.note)
+	}
+	fmt.Printf("BENCH row=%s replicas=%d batch=%d msgs=%d seconds=%.3f msgs_per_s=%.0f peak_rss_mib_per_replica=%s%s\n",
+		r.name, r.replicas, r.batch, r.msgs, r.elapsed.Seconds(), r.rate(), rss, note)
+}
+
+// workload is the stream content of every row: keys x versions unique
+// events, shuffled, plus 20% re-sent duplicates.
+type workload struct {
+	bodies [][]byte
+	unique int
+}
+
+func newWorkload() *workload {
+	return &workload{bodies: benchBodies(), unique: keys * versions}
+}
+
+// throughputEnv holds what the rows share: the built binary, the database
+// and the broker clients.
+type throughputEnv struct {
+	w    *workload
+	bin  string
+	dsn  string
+	pool *pgxpool.Pool
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	dir  string
+	runs int
+}
+
+func newThroughputEnv(b *testing.B, w *workload) *throughputEnv {
+	b.Helper()
+	t := &throughputEnv{w: w, bin: testbin.Build(b, testbin.RuntimePackage, "idc-runtime"), dsn: newDatabase(b), dir: b.TempDir()}
+	var err error
+	if t.pool, err = pgxpool.New(context.Background(), t.dsn); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(t.pool.Close)
+	if t.nc, err = nats.Connect(natsURL); err != nil {
+		b.Fatalf("NATS JetStream at %s is required for the benchmark: %v", natsURL, err)
+	}
+	b.Cleanup(t.nc.Close)
+	if t.js, err = jetstream.New(t.nc, jetstream.WithPublishAsyncMaxPending(4000)); err != nil {
+		b.Fatal(err)
+	}
+	return t
+}
+
+// schema creates a fresh schema with the orders table for one row.
+func (t *throughputEnv) schema(b *testing.B) string {
+	b.Helper()
+	t.runs++
+	s := fmt.Sprintf("t%d", t.runs)
+	for _, q := range []string{
+		"CREATE SCHEMA " + s,
+		"CREATE TABLE " + s + ".orders (key text PRIMARY KEY, version int NOT NULL, status text NOT NULL, amount numeric NOT NULL)",
+	} {
+		if _, err := t.pool.Exec(context.Background(), q); err != nil {
+			b.Fatalf("running %q: %v", q, err)
+		}
+	}
+	return s
+}
+
+// checkResult fails the benchmark unless the row's table holds the latest
+// version of every key and the inbox every unique id exactly once.
+func (t *throughputEnv) checkResult(b *testing.B, schema string) {
+	b.Helper()
+	var rows, notLatest, inboxRows int
+	err := t.pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT
+		(SELECT count(*) FROM %[1]s.orders), (SELECT count(*) FROM %[1]s.orders WHERE version <> $1),
+		(SELECT count(*) FROM %[1]s.inbox)`, schema), versions).Scan(&rows, &notLatest, &inboxRows)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if rows != keys || notLatest != 0 || inboxRows != t.w.unique {
+		b.Fatalf("schema %s: %d rows (want %d), %d not at version %d, %d inbox rows (want %d)",
+			schema, rows, keys, notLatest, versions, inboxRows, t.w.unique)
+	}
+}
+
+func runtimeConfig(schema string, src config.Source, batch int) config.Config {
+	eff, entity := upsertConfig()
+	return config.Config{
+		Version: config.Version, Name: "bench/" + schema, Source: src,
+		Message: config.Message{ID: config.Extractor{JSONPath: "$.id"}, Entity: entity},
+		Sink:    config.Sink{DSNEnv: dsnEnv, Schema: schema, InboxTable: "inbox", Layout: config.LayoutTable, Effect: eff},
+		Delivery: config.Delivery{BatchSize: batch, MaxWait: config.Duration{Duration: maxWait},
+			BackoffInitial: config.Duration{Duration: 100 * time.Millisecond}, BackoffMax: config.Duration{Duration: time.Second}},
+	}
+}
+
+// --- the database ceiling ---
+
+// dbCeiling runs the runtime's own claim + upsert (inbox.Store.Claim and
+// effect.Apply in one transaction) over ceilingConns connections on
+// pre-built batches of 500, with no broker: what PostgreSQL alone sustains.
+func (t *throughputEnv) dbCeiling(b *testing.B) row {
+	b.Helper()
+	schema := t.schema(b)
+	cfg := runtimeConfig(schema, config.Source{}, batchSize)
+	store, err := inbox.New(t.pool, cfg.Sink)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	eff, err := effect.New(cfg.Sink.Effect, schema, cfg.Message.Entity)
+	if err != nil {
+		b.Fatal(err)
+	}
+	batches := t.prebuiltBatches(b, batchSize)
+	work := make(chan []*extract.Message, len(batches))
+	for _, bt := range batches {
+		work <- bt
+	}
+	close(work)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, ceilingConns)
+	start := time.Now()
+	for range ceilingConns {
+		wg.Go(func() {
+			for recs := range work {
+				if err := claimAndApply(ctx, t.pool, store, eff, recs); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	t.checkResult(b, schema)
+	return row{name: "db_ceiling", replicas: ceilingConns, batch: batchSize, msgs: len(t.w.bodies), elapsed: elapsed,
+		note: fmt.Sprintf("claim+upsert from Go, %d connections, no broker", ceilingConns)}
+}
+
+// prebuiltBatches extracts ids up front and de-duplicates within each
+// batch, as the runtime's prepare step does.
+func (t *throughputEnv) prebuiltBatches(b *testing.B, size int) [][]*extract.Message {
+	b.Helper()
+	id := extract.MustCompile("$.id")
+	var out [][]*extract.Message
+	for i := 0; i < len(t.w.bodies); i += size {
+		seen := map[string]bool{}
+		var recs []*extract.Message
+		for _, body := range t.w.bodies[i:min(i+size, len(t.w.bodies))] {
+			m := extract.NewMessage(source.Message{Body: body, PublishedAt: time.Now()})
+			v, err := id.Text(m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if seen[v] {
+				continue
+			}
+			seen[v] = true
+			m.ID = v
+			recs = append(recs, m)
+		}
+		out = append(out, recs)
+	}
+	return out
+}
+
+func claimAndApply(ctx context.Context, pool *pgxpool.Pool, store *inbox.Store, eff effect.Effect, recs []*extract.Message) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		claims := make([]inbox.Claim, len(recs))
+		for i, m := range recs {
+			claims[i] = inbox.Claim{MessageID: m.ID, PublishedAt: m.PublishedAt}
+		}
+		fresh, err := store.Claim(ctx, tx, claims)
+		if err != nil {
+			return err
+		}
+		newRecs := make([]*extract.Message, 0, len(fresh))
+		for _, m := range recs {
+			if _, ok := fresh[m.ID]; ok {
+				newRecs = append(newRecs, m)
+			}
+		}
+		_, err = eff.Apply(ctx, tx, newRecs)
+		return err
+	})
+}
+
+// --- the runtime as processes ---
+
+// replicaSet is the idc-runtime processes of one row.
+type replicaSet struct {
+	cmds    []*exec.Cmd
+	metrics []string
+	logs    []string
+}
+
+func (t *throughputEnv) startReplicas(b *testing.B, cfg config.Config, n int, env ...string) *replicaSet {
+	b.Helper()
+	rs := &replicaSet{}
+	cfg.Delivery.Replicas = n
+	for i := range n {
+		addr, err := freeAddr()
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := cfg
+		c.HealthAddr = addr
+		data, err := json.Marshal(&c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		name := fmt.Sprintf("%s-r%d", cfg.Sink.Schema, i)
+		path := filepath.Join(t.dir, name+".json")
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			b.Fatal(err)
+		}
+		logPath := filepath.Join(t.dir, name+".log")
+		logFile, err := os.Create(logPath)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cmd := exec.Command(t.bin, "run", "--config", path, "--consumer-name", name)
+		cmd.Env = append(append(os.Environ(), dsnEnv+"="+t.dsn, amqpURIEnv+"="+amqpURI), env...)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		_ = logFile.Close()
+		rs.cmds = append(rs.cmds, cmd)
+		rs.metrics = append(rs.metrics, "http://"+addr+"/metrics")
+		rs.logs = append(rs.logs, logPath)
+	}
+	b.Cleanup(func() { rs.stop() })
+	return rs
+}
+
+// settled sums idc_messages_total over the replicas (a replica not up yet
+// counts 0).
+func (rs *replicaSet) settled() int {
+	total := 0
+	for _, u := range rs.metrics {
+		total += scrapeCounter(u, "idc_messages_total")
+	}
+	return total
+}
+
+// peakRSSMiB is the largest VmHWM (peak resident set) among the replicas.
+func (rs *replicaSet) peakRSSMiB() float64 {
+	peak := 0.0
+	for _, c := range rs.cmds {
+		peak = max(peak, vmHWM(c.Process.Pid))
+	}
+	return peak
+}
+
+func (rs *replicaSet) stop() {
+	for _, c := range rs.cmds {
+		if c.ProcessState == nil {
+			_ = c.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, c := range rs.cmds {
+		if c.ProcessState == nil {
+			_ = c.Wait()
+		}
+	}
+}
+
+// measure waits until the replicas settled total messages and returns the
+// time from the first settled batch to the last (the processes' start-up,
+// connect and migrate are not counted), and the peak RSS.
+func (rs *replicaSet) measure(b *testing.B, name string, total int) (time.Duration, float64) {
+	b.Helper()
+	deadline := time.Now().Add(rowTimeout)
+	var first time.Time
+	for {
+		n := rs.settled()
+		now := time.Now()
+		if n > 0 && first.IsZero() {
+			first = now
+		}
+		if n >= total {
+			rss := rs.peakRSSMiB()
+			rs.stop()
+			return now.Sub(first), rss
+		}
+		if now.After(deadline) {
+			b.Fatalf("%s: settled %d of %d messages in %s; logs: %v", name, n, total, rowTimeout, rs.logs)
+		}
+		for _, c := range rs.cmds {
+			if c.ProcessState != nil {
+				b.Fatalf("%s: a replica exited: %v; logs: %v", name, c.ProcessState, rs.logs)
+			}
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// runJetStream is one row: n replicas of the binary on a new durable
+// consumer of the stream (created by the runtime, so sized by it).
+func (t *throughputEnv) runJetStream(b *testing.B, replicas, batch int) row {
+	b.Helper()
+	stream := t.jetStreamStream(b)
+	schema := t.schema(b)
+	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batch)
+	rs := t.startReplicas(b, cfg, replicas)
+	elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
+	t.checkResult(b, schema)
+	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: len(t.w.bodies), elapsed: elapsed, rssMiB: rss}
+}
+
+var jetStreamOnce struct {
+	sync.Once
+	name string
+}
+
+// jetStreamStream publishes the workload once on a stream every JetStream
+// row reads with its own durable consumer.
+func (t *throughputEnv) jetStreamStream(b *testing.B) string {
+	b.Helper()
+	jetStreamOnce.Do(func() {
+		name := fmt.Sprintf("IDC_TPUT_%d", time.Now().UnixNano())
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := t.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
+			b.Fatalf("creating stream: %v", err)
+		}
+		for _, body := range t.w.bodies {
+			if _, err := t.js.PublishAsync(name+".orders", body); err != nil {
+				b.Fatalf("publishing: %v", err)
+			}
+		}
+		select {
+		case <-t.js.PublishAsyncComplete():
+		case <-ctx.Done():
+			b.Fatal("publishing did not complete")
+		}
+		jetStreamOnce.name = name
+		b.Cleanup(func() { _ = t.js.DeleteStream(context.Background(), name) })
+	})
+	return jetStreamOnce.name
+}
+
+// consumeAlone runs n in-process adapters, each fetching batches of 500 and
+// acknowledging them at once: the broker's own consume + ack rate.
+func consumeAlone(b *testing.B, name string, total int, open func(i int) source.Source, n int) row {
+	b.Helper()
+	srcs := make([]source.Source, n)
+	for i := range srcs {
+		srcs[i] = open(i)
+	}
+	var mu sync.Mutex
+	done := 0
+	ctx, cancel := context.WithTimeout(context.Background(), rowTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, s := range srcs {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				mu.Lock()
+				finished := done >= total
+				mu.Unlock()
+				if finished {
+					return
+				}
+				msgs, err := s.Fetch(ctx, batchSize, maxWait)
+				if err == nil && len(msgs) > 0 {
+					err = s.Ack(ctx, msgs)
+				}
+				if err != nil && ctx.Err() == nil {
+					b.Errorf("%s: %v", name, err)
+					return
+				}
+				mu.Lock()
+				done += len(msgs)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, s := range srcs {
+		_ = s.Close()
+	}
+	if done < total {
+		b.Fatalf("%s: consumed %d of %d", name, done, total)
+	}
+	return row{name: name, replicas: n, batch: batchSize, msgs: done, elapsed: elapsed, note: "broker alone: consume + ack, no database"}
+}
+
+func (t *throughputEnv) jetStreamAlone(b *testing.B, n int) row {
+	b.Helper()
+	stream := t.jetStreamStream(b)
+	cfg := &config.JetStream{URL: natsURL, Stream: stream, Consumer: fmt.Sprintf("alone_%d", time.Now().UnixNano())}
+	d := config.Delivery{BatchSize: batchSize, InFlight: 2, Replicas: n}
+	return consumeAlone(b, "jetstream_alone", len(t.w.bodies), func(int) source.Source {
+		s, err := jsadapter.New(context.Background(), cfg, logr.Discard(), jsadapter.WithDelivery(d))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}, n)
+}
+
+// --- RabbitMQ ---
+
+// rabbitQueue declares a durable classic queue holding the workload.
+func (t *throughputEnv) rabbitQueue(b *testing.B) string {
+	b.Helper()
+	conn, err := amqp.Dial(amqpURI)
+	if err != nil {
+		b.Fatalf("RabbitMQ at 127.0.0.1:5672 is required for the benchmark: %v", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := fmt.Sprintf("idc-bench-%d", time.Now().UnixNano())
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if c, err := amqp.Dial(amqpURI); err == nil {
+			if ch, err := c.Channel(); err == nil {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
+			_ = c.Close()
+		}
+	})
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, len(t.w.bodies)))
+	for _, body := range t.w.bodies {
+		if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Body: body,
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range t.w.bodies {
+		if c := <-confirms; !c.Ack {
+			b.Fatal("RabbitMQ refused a published message")
+		}
+	}
+	return q
+}
+
+func (t *throughputEnv) runRabbitMQ(b *testing.B, replicas, batch int) row {
+	b.Helper()
+	q := t.rabbitQueue(b)
+	schema := t.schema(b)
+	cfg := runtimeConfig(schema, config.Source{RabbitMQ: &config.RabbitMQ{URIEnv: amqpURIEnv, Queue: q}}, batch)
+	rs := t.startReplicas(b, cfg, replicas)
+	elapsed, rss := rs.measure(b, "rabbitmq", len(t.w.bodies))
+	t.checkResult(b, schema)
+	return row{name: "rabbitmq_upsert", replicas: replicas, batch: batch, msgs: len(t.w.bodies), elapsed: elapsed, rssMiB: rss, note: "classic durable queue"}
+}
+
+func (t *throughputEnv) rabbitAlone(b *testing.B, n int) row {
+	b.Helper()
+	q := t.rabbitQueue(b)
+	b.Setenv(amqpURIEnv, amqpURI)
+	cfg := &config.RabbitMQ{URIEnv: amqpURIEnv, Queue: q, Prefetch: 2 * batchSize * 2}
+	return consumeAlone(b, "rabbitmq_alone", len(t.w.bodies), func(int) source.Source {
+		s, err := rabbitmq.New(context.Background(), cfg, logr.Discard())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}, n)
+}
+
+// --- Redis Streams ---
+
+func (t *throughputEnv) redisStream(b *testing.B) string {
+	b.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	ctx := context.Background()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		b.Fatalf("Redis at %s is required for the benchmark: %v", redisAddr, err)
+	}
+	stream := fmt.Sprintf("idc-bench-%d", time.Now().UnixNano())
+	for i := 0; i < len(t.w.bodies); i += 1000 {
+		pipe := rdb.Pipeline()
+		for _, body := range t.w.bodies[i:min(i+1000, len(t.w.bodies))] {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"body", body}})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() {
+		c := redis.NewClient(&redis.Options{Addr: redisAddr})
+		_ = c.Del(context.Background(), stream).Err()
+		_ = c.Close()
+	})
+	return stream
+}
+
+func (t *throughputEnv) runRedis(b *testing.B, replicas, batch int) row {
+	b.Helper()
+	stream := t.redisStream(b)
+	schema := t.schema(b)
+	cfg := runtimeConfig(schema, config.Source{RedisStreams: &config.RedisStreams{Address: redisAddr, Stream: stream, Group: "g"}}, batch)
+	rs := t.startReplicas(b, cfg, replicas)
+	elapsed, rss := rs.measure(b, "redis", len(t.w.bodies))
+	t.checkResult(b, schema)
+	return row{name: "redis_upsert", replicas: replicas, batch: batch, msgs: len(t.w.bodies), elapsed: elapsed, rssMiB: rss}
+}
+
+func (t *throughputEnv) redisAlone(b *testing.B, n int) row {
+	b.Helper()
+	stream := t.redisStream(b)
+	cfg := &config.RedisStreams{Address: redisAddr, Stream: stream, Group: "g", BodyField: "body", ClaimMinIdle: config.Duration{Duration: time.Minute}}
+	return consumeAlone(b, "redis_alone", len(t.w.bodies), func(i int) source.Source {
+		s, err := redisstreams.New(context.Background(), cfg, logr.Discard(), redisstreams.WithConsumerName(fmt.Sprintf("alone-%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}, n)
+}
+
+// --- Kafka (kfake) ---
+
+// runKafka runs the binary against franz-go's in-process kfake cluster: the
+// only Kafka on this machine, and not representative of a real broker (no
+// disk, no replication, and it shares the benchmark's process and cores).
+func (t *throughputEnv) runKafka(b *testing.B, replicas, batch int) row {
+	b.Helper()
+	const topic = "idc-bench"
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(2*replicas), topic))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cluster.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	recs := make([]*kgo.Record, len(t.w.bodies))
+	for i, body := range t.w.bodies {
+		var o order
+		_ = json.Unmarshal(body, &o)
+		recs[i] = &kgo.Record{Key: []byte(o.Key), Value: body}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		b.Fatal(err)
+	}
+	cl.Close()
+	schema := t.schema(b)
+	cfg := runtimeConfig(schema, config.Source{Kafka: &config.Kafka{BootstrapServers: cluster.ListenAddrs(), Topics: []string{topic}, ConsumerGroup: "g"}}, batch)
+	rs := t.startReplicas(b, cfg, replicas)
+	elapsed, rss := rs.measure(b, "kafka", len(t.w.bodies))
+	t.checkResult(b, schema)
+	return row{name: "kafka_kfake_upsert", replicas: replicas, batch: batch, msgs: len(t.w.bodies), elapsed: elapsed, rssMiB: rss,
+		note: "kfake in-process: NOT representative of a real Kafka broker"}
+}
+
+// --- helpers ---
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+var scrapeClient = &http.Client{Timeout: time.Second}
+
+// scrapeCounter reads one unlabelled counter from a /metrics page; 0 when
+// the page is not up yet.
+func scrapeCounter(url, name string) int {
+	resp, err := scrapeClient.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return int(f)
+			}
+		}
+	}
+	return 0
+}
+
+// vmHWM is a process's peak resident set size in MiB, from /proc.
+func vmHWM(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			fields := strings.Fields(v)
+			if len(fields) > 0 {
+				kb, _ := strconv.ParseFloat(fields[0], 64)
+				return kb / 1024
+			}
+		}
+	}
+	return 0
+}
