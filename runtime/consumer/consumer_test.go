@@ -190,7 +190,7 @@ func TestDuplicatesGiveExactlyOneEffect(t *testing.T) {
 			if msgs-dups != unique {
 				t.Errorf("messages %v - duplicates %v != %d unique", msgs, dups, unique)
 			}
-			if testutil.CollectAndCount(m.DeadLetters) != 0 {
+			if deadLettersTotal(t, m) != 0 {
 				t.Error("no message should have been dead-lettered")
 			}
 		})

@@ -90,7 +90,7 @@ func TestMisconfiguredSinkHoldsUntilFixed(t *testing.T) {
 			if got := testutil.ToFloat64(m.SinkMisconfigured.WithLabelValues(tc.reason)); got != 0 {
 				t.Errorf("after the fix: idc_sink_misconfigured{reason=%q} = %v, want 0", tc.reason, got)
 			}
-			if testutil.CollectAndCount(m.DeadLetters) != 0 {
+			if deadLettersTotal(t, m) != 0 {
 				t.Error("a message was dead-lettered for the sink's fault")
 			}
 		})

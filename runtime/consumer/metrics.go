@@ -16,6 +16,10 @@ const (
 	ReasonHTTP        = "http"
 )
 
+// DeadLetterReasons lists every reason class, so each series exists (at 0)
+// from the start and increase() sees the first dead letter.
+var DeadLetterReasons = []string{ReasonMissingID, ReasonInvalidID, ReasonInvalidJSON, ReasonEvaluation, ReasonDatabase, ReasonHTTP}
+
 // Metrics are the consumer's Prometheus metrics (prefix idc_).
 type Metrics struct {
 	Messages          prometheus.Counter
@@ -70,6 +74,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, r := range SinkReasons {
 		m.SinkMisconfigured.WithLabelValues(r).Set(0)
+	}
+	for _, r := range DeadLetterReasons {
+		m.DeadLetters.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.Messages, m.DuplicatesSkipped, m.StaleRefused, m.DeadLetters,
 		m.AckErrors, m.BatchDuration, m.CommitDuration, m.InboxRows, m.OldestInboxRowAge, m.SinkMisconfigured} {

@@ -114,6 +114,10 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 		return err
 	}
 	state := newLoopState(cfg.Delivery.BackoffMax.Duration)
+	ops, err := newOpsGauges(reg, state)
+	if err != nil {
+		return err
+	}
 	srv, err := server.Start(cfg.HealthAddr, reg, server.Checks{Live: state.live, Ready: state.ready})
 	if err != nil {
 		return err
@@ -129,7 +133,7 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 			cancel(err)
 		}
 	}()
-	if err := consume(ctx, cfg, log, consumerName, pool, metrics, state); err != nil {
+	if err := consume(ctx, cfg, log, consumerName, pool, metrics, state, ops); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -139,7 +143,7 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	return nil
 }
 
-func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, state *loopState) error {
+func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, state *loopState, ops *opsGauges) error {
 	store, err := inbox.New(pool, cfg.Sink)
 	if err != nil {
 		return withCode(exitUsage, err)
@@ -172,6 +176,7 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	}()
 	watched.Source = src
 	state.touch()
+	go ops.refresh(ctx, store, log)
 	log.Info("Consuming", "source", cfg.Source.Kind(), "effect", cfg.Sink.Effect.Kind(),
 		"inbox", store.QualifiedInbox(), "layout", string(cfg.Sink.Layout))
 	if err := c.Run(ctx); err != nil {

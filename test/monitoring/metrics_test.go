@@ -1,0 +1,197 @@
+package monitoring
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/internal/testbin"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+const natsURL = "nats://127.0.0.1:4222"
+
+// TestNamedMetricsAreExported runs the real idc-runtime against PostgreSQL
+// and JetStream, scrapes its /metrics and fails for every idc_ metric an
+// alert or the dashboard names that the runtime does not export.
+func TestNamedMetricsAreExported(t *testing.T) {
+	names := namedMetrics(t)
+	if len(names) < 10 {
+		t.Fatalf("found only %d metric names in the rules and the dashboard: the extraction is broken", len(names))
+	}
+	exported := parseExposition(scrapeRuntime(t))
+	t.Run("CheckReportsAnUnknownName", func(t *testing.T) {
+		// The comparison must be able to fail: a rule naming a metric the
+		// runtime does not export is reported.
+		bogus := map[string]string{"idc_not_exported_total": "alert Bogus", "idc_messages_total": "alert Real"}
+		got := missingMetrics(bogus, exported)
+		if len(got) != 1 || !strings.HasPrefix(got[0], "idc_not_exported_total ") {
+			t.Fatalf("missingMetrics = %v, want only idc_not_exported_total", got)
+		}
+	})
+	if missing := missingMetrics(names, exported); len(missing) > 0 {
+		t.Fatalf("named in config/prometheus but not exported by idc-runtime:\n  %s", strings.Join(missing, "\n  "))
+	}
+	t.Logf("%d metric names checked against the runtime's /metrics", len(names))
+}
+
+// parseExposition returns every series name of a text exposition: the
+// families' names, plus _bucket/_sum/_count for histograms and summaries.
+func parseExposition(text string) map[string]bool {
+	out := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			out[f[2]] = true
+			if f[3] == "histogram" || f[3] == "summary" {
+				for _, s := range []string{"_bucket", "_sum", "_count"} {
+					out[f[2]+s] = true
+				}
+			}
+		}
+	}
+	return out
+}
+
+func scrapeRuntime(t *testing.T) string {
+	t.Helper()
+	bin := testbin.Build(t, testbin.RuntimePackage, "idc-runtime")
+	_, dsn := pgtest.Create(t, "idc_monitoring_test")
+	env := "IDC_MONITORING_DSN"
+	t.Setenv(env, dsn)
+	createSink(t, dsn)
+	stream := newStream(t)
+	addr := freeAddr(t)
+	cfg := &config.Config{
+		Name:    "monitoring/orders",
+		Source:  config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "projector"}},
+		Message: config.Message{ID: config.Extractor{JSONPath: "$.id"}},
+		Sink: config.Sink{DSNEnv: env, Schema: "app", InboxTable: "inbox_orders", Layout: config.LayoutTable,
+			Effect: config.Effect{Append: &config.Append{Table: "effects", Columns: map[string]string{"message_id": "@messageId"}}}},
+		Delivery:   config.Delivery{BatchSize: 10, MaxWait: config.Duration{Duration: 100 * time.Millisecond}},
+		Retention:  config.Retention{Mode: "Explicit", Window: config.Duration{Duration: time.Hour}},
+		HealthAddr: addr,
+	}
+	cfg.Default()
+	path := filepath.Join(t.TempDir(), "config.json")
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	cmd := exec.Command(bin, "run", "--config", path, "--consumer-name", "monitoring-0")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("idc-runtime logs:\n%s", logs.String())
+		}
+	})
+	base := "http://" + addr
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, _, err := get(base + "/readyz")
+		if err == nil && code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idc-runtime not ready within 60s (last: %d, %v)", code, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	code, body, err := get(base + "/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("GET /metrics = %d, %v", code, err)
+	}
+	return body
+}
+
+func createSink(t *testing.T, dsn string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA app; CREATE TABLE app.effects (message_id text NOT NULL)"); err != nil {
+		t.Fatalf("creating the sink table: %v", err)
+	}
+}
+
+func get(url string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// newStream creates a JetStream stream with a durable pull consumer
+// "projector", deleted at the end.
+func newStream(t *testing.T) string {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatalf("NATS JetStream at %s is required for this test: %v", natsURL, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("IDC_MON_%d", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name) + ".>"}}); err != nil {
+		t.Fatalf("creating stream: %v", err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	if _, err := js.CreateConsumer(ctx, name, jetstream.ConsumerConfig{Durable: "projector", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatalf("creating consumer: %v", err)
+	}
+	return name
+}
