@@ -38,7 +38,7 @@ func (s *suite) jetStreamOrders(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	s.parent.Cleanup(func() {
 		if !t.Failed() {
 			_ = localcluster.DropDatabase(context.Background(), db)
 		}
@@ -50,11 +50,11 @@ func (s *suite) jetStreamOrders(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
+	s.parent.Cleanup(nc.Close)
 	if err := localcluster.RecreateOrdersStream(ctx, js, setup.Stream, setup.Subject); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), setup.Stream) })
+	s.parent.Cleanup(func() { _ = js.DeleteStream(context.Background(), setup.Stream) })
 	if err := s.c.Client.Create(ctx, localcluster.OrdersSecret(idc, localcluster.PodDSN(dsn))); err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func (s *suite) everyBroker(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = amqpConn.Close() })
+	s.parent.Cleanup(func() { _ = amqpConn.Close() })
 	ch, err := amqpConn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -266,7 +266,7 @@ func (s *suite) everyBroker(ctx context.Context, t *testing.T) {
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
+	s.parent.Cleanup(func() { _, _ = ch.QueueDelete(queue, false, false, false) })
 	rabbit := s.apply(ctx, t, appendManifest("rabbitmq-ledger", "events_rabbitmq", fmt.Sprintf(
 		"    rabbitmq: {uriSecretRef: {name: e2e-rabbitmq, key: uri}, queue: %s, managementURL: \"http://%s:15672\"}",
 		queue, localcluster.BridgeIP), 1, ", deletionPolicy: Delete"))
@@ -274,7 +274,7 @@ func (s *suite) everyBroker(ctx context.Context, t *testing.T) {
 	// Redis Streams.
 	stream := "idc-e2e-" + s.suffix
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	t.Cleanup(func() { _ = rdb.Del(context.Background(), stream).Err(); _ = rdb.Close() })
+	s.parent.Cleanup(func() { _ = rdb.Del(context.Background(), stream).Err(); _ = rdb.Close() })
 	redisIDC := s.apply(ctx, t, appendManifest("redis-ledger", "events_redis", fmt.Sprintf(
 		"    redisStreams: {address: \"%s:6379\", stream: %s, group: redis-ledger}", localcluster.BridgeIP, stream), 1, ""))
 
@@ -287,7 +287,7 @@ func (s *suite) everyBroker(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(kc.Close)
+	s.parent.Cleanup(kc.Close)
 	kafkaIDC := s.apply(ctx, t, appendManifest("kafka-ledger", "events_kafka", fmt.Sprintf(
 		"    kafka: {bootstrapServers: [%q], topics: [%s], consumerGroup: kafka-ledger}", kc.ListenAddrs()[0], topic), 1, ""))
 	s.others = append(s.others, rabbit, redisIDC, kafkaIDC)
@@ -344,7 +344,7 @@ func (s *suite) podKilledUnderLoad(ctx context.Context, t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}, MaxAge: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	s.parent.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
 	s.ledger = s.apply(ctx, t, appendManifest("jetstream-ledger", "events_ledger", fmt.Sprintf(
 		"    natsJetStream: {url: %q, stream: %s, consumer: jetstream-ledger}", localcluster.PodNATSURL, stream), 2, ""))
 	s.waitReady(ctx, t, s.ledger, 2)

@@ -205,7 +205,7 @@ func (s *suite) metricsAuth(ctx context.Context, t *testing.T) {
 	if err := s.c.Client.Create(ctx, crb); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.c.Client.Delete(context.Background(), crb) })
+	s.parent.Cleanup(func() { _ = s.c.Client.Delete(context.Background(), crb) })
 	token := func(sa string) string {
 		tr, err := cs.CoreV1().ServiceAccounts(testNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
 			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)},

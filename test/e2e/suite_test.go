@@ -28,6 +28,10 @@ const testNamespace = "idc-e2e"
 type suite struct {
 	c      *localcluster.Cluster
 	suffix string
+	// parent is TestRealNode's own T: what a step sets up for the later
+	// steps (databases, streams, the kfake cluster) is cleaned up when the
+	// whole suite ends, not when the step does.
+	parent *testing.T
 	// resources created by the steps, for the later ones.
 	orders, ledger *messagingv1alpha1.IdempotentConsumer
 	others         []*messagingv1alpha1.IdempotentConsumer
@@ -45,7 +49,7 @@ func TestRealNode(t *testing.T) {
 	if err := localcluster.CheckServices(ctx); err != nil {
 		t.Fatalf("the e2e suite needs the local services: %v", err)
 	}
-	s := &suite{c: c, suffix: randomSuffix()}
+	s := &suite{c: c, suffix: randomSuffix(), parent: t}
 	steps := []struct {
 		name string
 		fn   func(context.Context, *testing.T)
