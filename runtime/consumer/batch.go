@@ -13,7 +13,6 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
-	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
 // maxIDBytes keeps ids well under the btree entry limit (~2.7kB): a longer id
@@ -45,17 +44,16 @@ func (o *outcome) add(p outcome) {
 	}
 }
 
-// process settles one batch and acknowledges it. It returns errStopped when
-// stop ended while the batch could not be committed (nothing acked).
-func (c *Consumer) process(work, stop context.Context, msgs []source.Message) error {
-	start := time.Now()
-	recs, dls, dups := c.prepare(msgs)
-	out := outcome{duplicates: dups}
+// process settles one lane's batch and acknowledges it. It returns
+// errStopped when stop ended while the batch could not be committed
+// (nothing acked).
+func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
+	out := outcome{duplicates: lb.dups}
 	var err error
 	if c.effect.Transactional() {
-		err = c.settle(work, stop, recs, dls, c.effect, &out)
+		err = c.settle(work, stop, lb.recs, lb.dls, c.effect, &out)
 	} else {
-		err = c.settleOutside(work, stop, recs, dls, &out)
+		err = c.settleOutside(work, stop, lb.recs, lb.dls, &out)
 	}
 	if err != nil {
 		return err
@@ -65,12 +63,12 @@ func (c *Consumer) process(work, stop context.Context, msgs []source.Message) er
 	}
 	ackCtx, cancel := context.WithTimeout(work, ackTimeout)
 	defer cancel()
-	if err := c.src.Ack(ackCtx, msgs); err != nil {
+	if err := c.src.Ack(ackCtx, lb.msgs); err != nil {
 		// Committed effects are safe: the broker redelivers, the inbox dedupes.
 		c.metrics.AckErrors.Inc()
-		c.log.Error(err, "Ack failed after commit; the broker will redeliver", "messages", len(msgs))
+		c.log.Error(err, "Ack failed after commit; the broker will redeliver", "messages", len(lb.msgs))
 	}
-	c.record(len(msgs), out, time.Since(start))
+	c.record(len(lb.msgs), out, time.Since(lb.fetched))
 	return nil
 }
 
@@ -82,35 +80,6 @@ func (c *Consumer) record(n int, out outcome, took time.Duration) {
 		c.metrics.DeadLetters.WithLabelValues(class).Add(float64(v))
 	}
 	c.metrics.BatchDuration.Observe(took.Seconds())
-}
-
-// prepare extracts the id of every message. Messages without a usable id
-// become dead letters; a second message with an id already seen in the batch
-// is a duplicate (acked with the batch, never applied).
-func (c *Consumer) prepare(msgs []source.Message) ([]*extract.Message, []deadLetter, int) {
-	recs := make([]*extract.Message, 0, len(msgs))
-	var dls []deadLetter
-	seen := make(map[string]struct{}, len(msgs))
-	dups := 0
-	for _, sm := range msgs {
-		m := extract.NewMessage(sm)
-		id, err := c.id.Text(m)
-		if err == nil {
-			err = checkID(id)
-		}
-		if err != nil {
-			dls = append(dls, newDeadLetter(m, "message id: "+err.Error(), idErrorClass(err), 1))
-			continue
-		}
-		if _, dup := seen[id]; dup {
-			dups++
-			continue
-		}
-		seen[id] = struct{}{}
-		m.ID = id
-		recs = append(recs, m)
-	}
-	return recs, dls, dups
 }
 
 var errBadID = errors.New("invalid message id")
@@ -161,13 +130,21 @@ func newDeadLetter(m *extract.Message, reason, class string, attempts int) deadL
 // either. A group that keeps failing is bisected (at once for a data error);
 // a single record that still fails after MaxAttempts becomes a dead letter
 // carrying the database error, and the rest proceeds.
-func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome) error {
+func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome) (settleErr error) {
 	limit := c.attemptLimit(len(recs))
 	attempts, outages, holds := 0, 0, 0
+	defer func() {
+		switch {
+		case holds == 0:
+		case settleErr == nil:
+			c.leaveHold()
+		default:
+			c.holding.Add(-1) // stopping: the hold is not over, the process is
+		}
+	}()
 	for {
 		part, err := c.commit(work, recs, dls, eff)
 		if err == nil {
-			c.releaseHold()
 			out.add(part)
 			return nil
 		}
@@ -178,6 +155,9 @@ func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, d
 			wait = c.backoff(outages)
 			c.log.Error(err, "Database unavailable; retrying the batch", "records", len(recs), "failures", outages)
 		case failureSink:
+			if holds == 0 {
+				c.holding.Add(1)
+			}
 			holds++
 			wait = c.backoff(holds)
 			c.hold(reason, err, holds, wait)

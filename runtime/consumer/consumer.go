@@ -43,11 +43,14 @@ var errStopped = errors.New("stopped before the batch could be committed")
 
 // Consumer runs the loop for one IdempotentConsumer.
 type Consumer struct {
-	src      source.Source
-	pool     *pgxpool.Pool
-	store    *inbox.Store
-	effect   effect.Effect
-	id       extract.Extractor
+	src    source.Source
+	pool   *pgxpool.Pool
+	store  *inbox.Store
+	effect effect.Effect
+	id     extract.Extractor
+	// key is the entity key extractor (nil without message.entity): it
+	// picks the lane.
+	key      *extract.Extractor
 	delivery config.Delivery
 	metrics  *Metrics
 	log      logr.Logger
@@ -55,6 +58,9 @@ type Consumer struct {
 	dbReady    atomic.Bool
 	fetchReady atomic.Bool
 	held       atomic.Pointer[sinkHold] // nil unless holding on a misconfigured sink
+	// holding counts settle calls (lanes) currently holding; the hold ends
+	// when the last of them commits.
+	holding atomic.Int32
 }
 
 // New builds the loop from the config. metrics may be nil (then they are
@@ -72,13 +78,21 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 	if err != nil {
 		return nil, fmt.Errorf("while compiling message.id: %w", err)
 	}
+	var key *extract.Extractor
+	if e := cfg.Message.Entity; e != nil {
+		k, err := extract.CompileExtractor(e.Key)
+		if err != nil {
+			return nil, fmt.Errorf("while compiling message.entity.key: %w", err)
+		}
+		key = &k
+	}
 	if metrics == nil {
 		if metrics, err = NewMetrics(prometheus.NewRegistry()); err != nil {
 			return nil, err
 		}
 	}
 	return &Consumer{
-		src: src, pool: pool, store: store, effect: eff, id: id,
+		src: src, pool: pool, store: store, effect: eff, id: id, key: key,
 		delivery: cfg.Delivery, metrics: metrics,
 		log: logger.WithValues("consumer", cfg.Name),
 	}, nil
@@ -90,42 +104,16 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 func (c *Consumer) Ready() bool { return c.Readiness() == nil }
 
 // Run consumes until ctx ends and returns nil then. Stopping is graceful:
-// fetching stops at once, the batch in flight is still committed and
-// acknowledged (unless it cannot commit, in which case it is left to the
-// broker to redeliver).
+// fetching stops at once, the batches whose transactions have started are
+// still committed and acknowledged (unless they cannot commit, in which case
+// they are left to the broker to redeliver); batches fetched but not started
+// stay unacknowledged.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.waitForDatabase(ctx) {
 		return nil
 	}
 	go c.refreshStats(ctx)
-	// Work on the batch in flight must outlive a stop request.
-	work := context.WithoutCancel(ctx)
-	failures := 0
-	for ctx.Err() == nil {
-		msgs, err := c.src.Fetch(ctx, c.delivery.BatchSize, c.delivery.MaxWait.Duration)
-		if ctx.Err() != nil {
-			// A fetch cut short by the stop may still have returned
-			// messages; they were not processed, so they stay unacked.
-			return nil
-		}
-		if err != nil {
-			failures++
-			c.log.Error(err, "Fetch failed; backing off", "failures", failures)
-			if !c.sleep(ctx, backoff(failures, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
-				return nil
-			}
-			continue
-		}
-		failures = 0
-		c.fetchReady.Store(true)
-		if len(msgs) == 0 {
-			continue
-		}
-		if err := c.process(work, ctx, msgs); err != nil {
-			c.log.Info("Stopped with a batch not committed; the broker will redeliver it", "messages", len(msgs))
-			return nil
-		}
-	}
+	c.pipeline(ctx)
 	return nil
 }
 

@@ -38,6 +38,14 @@ func (c *Consumer) hold(reason string, cause error, step int, wait time.Duration
 		"reason", reason, "step", step, "retryIn", wait.Round(time.Millisecond), "heldFor", time.Since(h.since).Round(time.Second))
 }
 
+// leaveHold: a lane that held has committed. The hold ends when no other
+// lane still holds.
+func (c *Consumer) leaveHold() {
+	if c.holding.Add(-1) == 0 {
+		c.releaseHold()
+	}
+}
+
 // releaseHold ends a hold after a commit went through.
 func (c *Consumer) releaseHold() {
 	h := c.held.Swap(nil)

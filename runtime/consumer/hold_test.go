@@ -34,6 +34,7 @@ func TestMisconfiguredSinkHoldsUntilFixed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, config.LayoutTable)
 			cfg.Delivery.MaxAttempts = 1 // were a sink error ever counted, the batch would dead-letter at once
+			cfg.Delivery.InFlight = 4    // the hold must stop every lane, and the fetcher
 			pool, _ := setup(t, cfg)
 			pgtest.Exec(t, pool, tc.breakSQL...)
 			const total = 300

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -90,6 +91,11 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 	}
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pc.ConnConfig.RuntimeParams["application_name"] = "idc-runtime"
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		// One connection per in-flight transaction, plus the stats and
+		// partition upkeep.
+		pc.MaxConns = max(pc.MaxConns, int32(cfg.Delivery.InFlight)+2)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {

@@ -1,0 +1,176 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// holdPoll is how often a lane or the fetcher waiting out a sink hold looks
+// whether it ended.
+const holdPoll = 20 * time.Millisecond
+
+// laneBatch is one lane's share of a fetched batch: committed in its own
+// transaction and acknowledged once that transaction committed.
+type laneBatch struct {
+	// msgs is every delivery to acknowledge after the commit: the records,
+	// their in-batch duplicates and the dead letters of this lane.
+	msgs    []source.Message
+	recs    []*extract.Message
+	dls     []deadLetter
+	dups    int
+	fetched time.Time
+}
+
+// pipeline runs the overlapped loop: one goroutine fetches while up to
+// delivery.inFlight lanes commit, each on its own connection. A message goes
+// to the lane of its entity key's hash (else its id's), so two transactions
+// in flight never touch one key, and each lane takes its batches in fetch
+// order, which keeps the sequence order per key. A lane queues one batch
+// ahead; the fetcher blocks when the queue of a lane it must feed is full.
+func (c *Consumer) pipeline(ctx context.Context) {
+	work := context.WithoutCancel(ctx) // a started transaction outlives a stop request
+	lanes := make([]chan laneBatch, c.inFlight())
+	var wg sync.WaitGroup
+	for i := range lanes {
+		lanes[i] = make(chan laneBatch, 1)
+		wg.Go(func() { c.runLane(work, ctx, lanes[i]) })
+	}
+	c.fetchLoop(ctx, lanes)
+	for _, l := range lanes {
+		close(l)
+	}
+	wg.Wait()
+}
+
+func (c *Consumer) inFlight() int { return max(c.delivery.InFlight, 1) }
+
+// fetchLoop fetches until ctx ends and hands every batch to the lanes. It
+// does not fetch while the loop holds on a misconfigured sink.
+func (c *Consumer) fetchLoop(ctx context.Context, lanes []chan laneBatch) {
+	failures := 0
+	for ctx.Err() == nil {
+		if !c.waitUnheld(ctx) {
+			return
+		}
+		msgs, err := c.src.Fetch(ctx, c.delivery.BatchSize, c.delivery.MaxWait.Duration)
+		if ctx.Err() != nil {
+			// A fetch cut short by the stop may still have returned
+			// messages; they were not processed, so they stay unacked.
+			return
+		}
+		if err != nil {
+			failures++
+			c.log.Error(err, "Fetch failed; backing off", "failures", failures)
+			if !c.sleep(ctx, c.backoff(failures)) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		c.fetchReady.Store(true)
+		if len(msgs) == 0 {
+			continue
+		}
+		for i, lb := range c.split(msgs, len(lanes)) {
+			if len(lb.msgs) == 0 {
+				continue
+			}
+			select {
+			case lanes[i] <- lb:
+			case <-ctx.Done():
+				return // the rest of the batch stays unacked
+			}
+		}
+	}
+}
+
+// runLane settles its batches in order. After a stop request it starts no
+// new batch: those stay unacknowledged and the broker redelivers them.
+func (c *Consumer) runLane(work, stop context.Context, in <-chan laneBatch) {
+	stopped := false
+	for lb := range in {
+		if stopped || stop.Err() != nil || !c.waitUnheld(stop) {
+			continue
+		}
+		if err := c.process(work, stop, lb); err != nil {
+			stopped = true
+			c.log.Info("Stopped with a batch not committed; the broker will redeliver it", "messages", len(lb.msgs))
+		}
+	}
+}
+
+// waitUnheld waits while the loop holds on a misconfigured sink: no lane
+// starts a batch and nothing is fetched until the lanes that hold commit. It
+// reports false when stop ended first.
+func (c *Consumer) waitUnheld(stop context.Context) bool {
+	for c.held.Load() != nil {
+		if !c.sleep(stop, holdPoll) {
+			return false
+		}
+	}
+	return stop.Err() == nil
+}
+
+// split extracts every message's id (and entity key) once and assigns it to
+// a lane. Messages without a usable id become dead letters (on the lane of
+// their native id); a repeated id is a duplicate, acknowledged on the lane
+// of its first occurrence, after that one committed.
+func (c *Consumer) split(msgs []source.Message, n int) []laneBatch {
+	now := time.Now()
+	out := make([]laneBatch, n)
+	for i := range out {
+		out[i].fetched = now
+	}
+	seen := make(map[string]int, len(msgs))
+	for _, sm := range msgs {
+		m := extract.NewMessage(sm)
+		id, err := c.id.Text(m)
+		if err == nil {
+			err = checkID(id)
+		}
+		if err != nil {
+			lb := &out[laneOf(sm.NativeID, n)]
+			lb.dls = append(lb.dls, newDeadLetter(m, "message id: "+err.Error(), idErrorClass(err), 1))
+			lb.msgs = append(lb.msgs, sm)
+			continue
+		}
+		if lane, dup := seen[id]; dup {
+			out[lane].dups++
+			out[lane].msgs = append(out[lane].msgs, sm)
+			continue
+		}
+		m.ID = id
+		lane := laneOf(c.laneKey(m), n)
+		seen[id] = lane
+		out[lane].recs = append(out[lane].recs, m)
+		out[lane].msgs = append(out[lane].msgs, sm)
+	}
+	return out
+}
+
+// laneKey is the entity key when one is configured and present, else the id.
+func (c *Consumer) laneKey(m *extract.Message) string {
+	if c.key != nil {
+		if k, err := c.key.Text(m); err == nil {
+			return k
+		}
+	}
+	return m.ID
+}
+
+// laneOf is FNV-1a of s modulo n.
+func laneOf(s string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}

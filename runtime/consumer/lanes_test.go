@@ -1,0 +1,68 @@
+package consumer
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// split puts every message of one entity key on one lane (two in-flight
+// transactions never touch one key) in fetch order, a repeated id on the
+// lane of its first occurrence, and a message without an id on some lane
+// as a dead letter: every message is acknowledged by exactly one lane.
+func TestSplitKeepsKeysOnOneLaneInOrder(t *testing.T) {
+	cfg := testConfig(t, config.LayoutTable)
+	cfg.Message.Entity = &config.Entity{Key: config.Extractor{JSONPath: "$.k"}, Sequence: config.Extractor{JSONPath: "$.n"}}
+	cfg.Delivery.InFlight = 4
+	c, err := New(newFakeSource(nil), nil, cfg, nil, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []source.Message
+	for i := range 400 {
+		msgs = append(msgs, message(fmt.Sprintf("n%d", i), fmt.Sprintf(`{"id":"id-%d","k":"key-%d","n":%d}`, i, i%37, i)))
+	}
+	msgs = append(msgs, message("dup", `{"id":"id-5","k":"key-5","n":5}`), message("noid", `{"k":"key-1"}`))
+	lanes := c.split(msgs, cfg.Delivery.InFlight)
+	seq := extract.MustCompile("$.n")
+	keyLane := map[string]int{}
+	lastSeq := map[string]int64{}
+	acked, used, dls, dups := 0, 0, 0, 0
+	for lane, lb := range lanes {
+		acked += len(lb.msgs)
+		dls += len(lb.dls)
+		dups += lb.dups
+		if len(lb.recs) > 0 {
+			used++
+		}
+		for _, m := range lb.recs {
+			k, err := c.key.Text(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if prev, ok := keyLane[k]; ok && prev != lane {
+				t.Fatalf("key %s on lanes %d and %d", k, prev, lane)
+			}
+			keyLane[k] = lane
+			n, err := seq.Int(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n <= lastSeq[k] && lastSeq[k] != 0 {
+				t.Fatalf("key %s: sequence %d after %d on lane %d", k, n, lastSeq[k], lane)
+			}
+			lastSeq[k] = n
+		}
+	}
+	if acked != len(msgs) || dls != 1 || dups != 1 || len(keyLane) != 37 {
+		t.Errorf("acked %d of %d, %d dead letters (want 1), %d duplicates (want 1), %d keys (want 37)", acked, len(msgs), dls, dups, len(keyLane))
+	}
+	if used != cfg.Delivery.InFlight {
+		t.Errorf("37 keys used %d of %d lanes", used, cfg.Delivery.InFlight)
+	}
+}
