@@ -317,28 +317,6 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, idc *messagingv1alpha1
 	return nil
 }
 
-func (r *Reconciler) dropInbox(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer) error {
-	rc, err := renderConfig(idc)
-	if err != nil {
-		return err
-	}
-	// A resource that lost a conflict never owned the tables: dropping them
-	// would destroy the winner's inbox.
-	if c := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue && c.Reason == messagingv1alpha1.ReasonConflict {
-		return nil
-	}
-	secrets, err := r.resolveSecrets(ctx, idc, rc)
-	if err != nil {
-		return err
-	}
-	if err := r.opts.Inbox.Drop(ctx, secrets.getenv(envPostgresDSN), rc.Config.Sink); err != nil {
-		_, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
-		return errors.New(msg)
-	}
-	r.recorder.Eventf(idc, nil, corev1.EventTypeNormal, "InboxDropped", "DropInbox", "dropped the inbox tables of %s.%s (deletionPolicy: Delete)", rc.Config.Sink.Schema, rc.Config.Sink.InboxTable)
-	return nil
-}
-
 // patchStatus computes conditions from the observation, stamps
 // observedGeneration after a successful pass, emits events on transitions and
 // writes status with a merge patch.
