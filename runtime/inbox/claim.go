@@ -133,9 +133,11 @@ func (s *Store) Existing(ctx context.Context, q Querier, ids []string) (map[stri
 // DeadLetter is one message that cannot be processed.
 type DeadLetter struct {
 	// MessageID is empty when the id itself could not be extracted.
-	MessageID   string
-	NativeID    string
-	Reason      string
+	MessageID string
+	NativeID  string
+	Reason    string
+	// Class is the bounded reason class (the idc_dead_letters_total label).
+	Class       string
 	Payload     []byte
 	Headers     map[string]string
 	Attempts    int
@@ -150,11 +152,11 @@ func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, dls []DeadLetter) ([]
 		return nil, nil
 	}
 	n := len(dls)
-	ids, natives, reasons, headers := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ids, natives, reasons, headers, classes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	payloads, attempts := make([][]byte, n), make([]int32, n)
 	published := make([]pgtype.Timestamptz, n)
 	for i, d := range dls {
-		ids[i], natives[i], reasons[i] = cleanText(d.MessageID), cleanText(d.NativeID), cleanText(d.Reason)
+		ids[i], natives[i], reasons[i], classes[i] = cleanText(d.MessageID), cleanText(d.NativeID), cleanText(d.Reason), cleanText(d.Class)
 		payloads[i], attempts[i] = d.Payload, int32(d.Attempts)
 		h, err := json.Marshal(cleanHeaders(d.Headers))
 		if err != nil {
@@ -164,13 +166,13 @@ func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, dls []DeadLetter) ([]
 		published[i] = pgtype.Timestamptz{Time: d.PublishedAt, Valid: !d.PublishedAt.IsZero()}
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO `+s.deadLetters+`
-		(message_id, native_id, reason, payload, headers, attempts, published_at)
-		SELECT NULLIF(u.id, ''), NULLIF(u.native, ''), u.reason, u.payload, u.headers::jsonb, u.attempts, u.published
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[], $7::timestamptz[])
-			AS u(id, native, reason, payload, headers, attempts, published)
+		(message_id, native_id, reason, payload, headers, attempts, published_at, reason_class)
+		SELECT NULLIF(u.id, ''), NULLIF(u.native, ''), u.reason, u.payload, u.headers::jsonb, u.attempts, u.published, NULLIF(u.class, '')
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[], $7::timestamptz[], $8::text[])
+			AS u(id, native, reason, payload, headers, attempts, published, class)
 		ON CONFLICT (native_id) DO NOTHING
 		RETURNING coalesce(native_id, '')`,
-		ids, natives, reasons, payloads, headers, attempts, published)
+		ids, natives, reasons, payloads, headers, attempts, published, classes)
 	if err != nil {
 		return nil, fmt.Errorf("while inserting %d dead letters: %w", n, err)
 	}

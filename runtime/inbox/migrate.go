@@ -82,6 +82,20 @@ func (s *Store) ddl() []string {
 			window_seconds     bigint NOT NULL,
 			error              text
 		)`,
+		// reason_class is the bounded class of the reason (the metric's
+		// label), which redrive --reason selects on; rows written before
+		// it existed have NULL there.
+		`ALTER TABLE `+s.deadLetters+` ADD COLUMN IF NOT EXISTS reason_class text`,
+		`CREATE TABLE IF NOT EXISTS `+s.redrives+` (
+			id             bigserial PRIMARY KEY,
+			run            text NOT NULL,
+			redriven_at    timestamptz NOT NULL DEFAULT now(),
+			dead_letter_id bigint NOT NULL,
+			message_id     text,
+			outcome        text NOT NULL,
+			reason         text
+		)`,
+		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Redrives, "_run_idx"))+` ON `+s.redrives+` (run)`,
 		`CREATE TABLE IF NOT EXISTS `+s.meta+` (
 			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
 			schema_version int NOT NULL,
@@ -147,6 +161,7 @@ func (s *Store) Drop(ctx context.Context) error {
 			"DROP TABLE IF EXISTS " + s.inbox,
 			"DROP TABLE IF EXISTS " + s.deadLetters,
 			"DROP TABLE IF EXISTS " + s.pruneRuns,
+			"DROP TABLE IF EXISTS " + s.redrives,
 			"DROP TABLE IF EXISTS " + s.meta,
 		})
 	})

@@ -1,6 +1,6 @@
 // Package inbox owns the PostgreSQL inbox of one consumer: the table of
 // processed message ids (claimed in the same transaction as the effect), the
-// dead-letter table, the prune-runs log and the schema version. Every
+// dead-letter table, the prune-runs and redrives logs and the schema version. Every
 // identifier comes from the config and is still quoted with pgx.Identifier.
 package inbox
 
@@ -39,6 +39,7 @@ type Names struct {
 	Inbox       string
 	DeadLetters string
 	PruneRuns   string
+	Redrives    string
 	Meta        string
 }
 
@@ -54,6 +55,7 @@ func NamesFor(sink config.Sink) Names {
 		Inbox:       sink.InboxTable,
 		DeadLetters: dl,
 		PruneRuns:   DerivedName(sink.InboxTable, "_prune_runs"),
+		Redrives:    DerivedName(sink.InboxTable, "_redrives"),
 		Meta:        DerivedName(sink.InboxTable, "_meta"),
 	}
 }
@@ -74,7 +76,7 @@ type Store struct {
 	layout config.Layout
 	names  Names
 
-	inbox, deadLetters, pruneRuns, meta string // quoted, schema-qualified
+	inbox, deadLetters, pruneRuns, redrives, meta string // quoted, schema-qualified
 	// lockKey scopes advisory locks to this inbox, so two inboxes in one
 	// database never wait on each other.
 	lockKey int32
@@ -98,6 +100,7 @@ func New(pool *pgxpool.Pool, sink config.Sink) (*Store, error) {
 		inbox:       qualify(n.Schema, n.Inbox),
 		deadLetters: qualify(n.Schema, n.DeadLetters),
 		pruneRuns:   qualify(n.Schema, n.PruneRuns),
+		redrives:    qualify(n.Schema, n.Redrives),
 		meta:        qualify(n.Schema, n.Meta),
 		lockKey:     int32(crc32.ChecksumIEEE([]byte(n.Schema + "." + n.Inbox))),
 		partitions:  partitionCache{known: map[time.Time]bool{}},

@@ -7,6 +7,7 @@
 //	idc-runtime run     --config FILE [--log-level info|debug] [--consumer-name NAME]
 //	idc-runtime migrate --config FILE [--log-level info|debug]
 //	idc-runtime prune   --config FILE [--window DURATION] [--log-level info|debug]
+//	idc-runtime redrive --config FILE [--reason CLASS]... [--id ID]... [--since T] [--until T] [--limit N] [--dry-run] [--run NAME]
 //	idc-runtime version
 //
 // run consumes until SIGTERM or SIGINT, then finishes the batch in flight and
@@ -21,6 +22,13 @@
 // window from the broker and uses the larger of its own and --window (the
 // controller's); when neither is known, or replay is unbounded, it deletes
 // nothing and exits 3.
+//
+// redrive replays dead letters exactly once through the consumer's own
+// claim + effect path, one transaction per row that also deletes it (or
+// records its new failure) and logs the outcome in <inbox>_redrives; it
+// prints one JSON line of counts. Safe to repeat and next to live replicas.
+// A misconfigured sink or an unreachable database stops it with exit 1 and
+// the row unchanged.
 //
 // Exit codes:
 //
@@ -91,6 +99,7 @@ commands:
   run      consume messages (--config FILE [--log-level info|debug] [--consumer-name NAME])
   migrate  create the inbox tables and exit (--config FILE)
   prune    delete inbox entries older than the retention window (--config FILE [--window DURATION])
+  redrive  replay dead letters exactly once (--config FILE [--reason CLASS]... [--id ID]... [--since T] [--until T] [--limit N] [--dry-run] [--run NAME])
   version  print the version
 `
 
@@ -110,6 +119,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return migrateCommand(args[1:], stderr)
 	case "prune":
 		return pruneCommand(args[1:], stderr)
+	case "redrive":
+		return redriveCommand(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		_, _ = fmt.Fprintln(stdout, version.String())
 		return exitOK
