@@ -126,8 +126,10 @@ func (c *Consumer) split(msgs []source.Message, n int) []laneBatch {
 		out[i].fetched = now
 	}
 	seen := make(map[string]int, len(msgs))
-	for _, sm := range msgs {
-		m := extract.NewMessage(sm)
+	slab := make([]extract.Message, len(msgs)) // one allocation for the batch
+	for i, sm := range msgs {
+		slab[i].Message = sm
+		m := &slab[i]
 		id, err := c.id.Text(m)
 		if err == nil {
 			err = checkID(id)

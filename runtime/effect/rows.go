@@ -1,7 +1,6 @@
 package effect
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,28 +35,46 @@ func newRowBuilder(cols map[string]string) (rowBuilder, error) {
 	return b, nil
 }
 
-// row renders one record as a JSON object.
-func (b rowBuilder) row(m *Record) ([]byte, error) {
-	var buf bytes.Buffer
-	buf.WriteByte('{')
+// arena holds the rows of one batch in one growing buffer, so a batch costs
+// a few allocations instead of one buffer per row. A row returned earlier
+// stays valid when the buffer grows (it keeps the old backing array).
+type arena struct{ buf []byte }
+
+// row appends one record as a JSON object and returns it.
+func (a *arena) row(b rowBuilder, m *Record) ([]byte, error) {
+	start := len(a.buf)
+	a.buf = append(a.buf, '{')
 	for i, c := range b.cols {
-		v, err := c.expr.JSON(m)
-		if err != nil {
+		if i > 0 {
+			a.buf = append(a.buf, ',')
+		}
+		a.buf = append(a.buf, b.keys[i]...)
+		a.buf = append(a.buf, ':')
+		var err error
+		if a.buf, err = c.expr.AppendJSON(a.buf, m); err != nil {
+			a.buf = a.buf[:start]
 			return nil, fmt.Errorf("column %s: %w", c.name, err)
 		}
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		buf.Write(b.keys[i])
-		buf.WriteByte(':')
-		buf.Write(v)
 	}
-	buf.WriteByte('}')
-	return buf.Bytes(), nil
+	a.buf = append(a.buf, '}')
+	return a.buf[start:len(a.buf):len(a.buf)], nil
 }
 
+// jsonArray joins rows into one JSON array with a single allocation.
 func jsonArray(rows [][]byte) []byte {
-	return append(append([]byte{'['}, bytes.Join(rows, []byte{','})...), ']')
+	n := 2 + len(rows)
+	for _, r := range rows {
+		n += len(r)
+	}
+	out := make([]byte, 0, n)
+	out = append(out, '[')
+	for i, r := range rows {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, r...)
+	}
+	return append(out, ']')
 }
 
 func (b rowBuilder) columnList() string {
@@ -92,8 +109,9 @@ func (a *appendEffect) Transactional() bool { return true }
 func (a *appendEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
 	var res Result
 	rows := make([][]byte, 0, len(recs))
+	var buf arena
 	for i, m := range recs {
-		r, err := a.rows.row(m)
+		r, err := buf.row(a.rows, m)
 		if err != nil {
 			res.Failed = append(res.Failed, Failure{Index: i, Err: err})
 			continue
@@ -197,11 +215,12 @@ type candidate struct {
 
 func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
 	var res Result
-	winners := map[string]candidate{}
-	var order []string // keys, sorted below
+	winners := make(map[string]candidate, len(recs))
+	order := make([]string, 0, len(recs)) // keys, sorted below
 	valid := 0
+	var buf arena
 	for i, m := range recs {
-		key, c, err := u.evaluate(m)
+		key, c, err := u.evaluate(&buf, m)
 		if err != nil {
 			res.Failed = append(res.Failed, Failure{Index: i, Err: err})
 			continue
@@ -236,16 +255,24 @@ func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Re
 	return res, nil
 }
 
-func (u *upsertEffect) evaluate(m *Record) (string, candidate, error) {
+func (u *upsertEffect) evaluate(buf *arena, m *Record) (string, candidate, error) {
 	var c candidate
 	var err error
-	if c.row, err = u.rows.row(m); err != nil {
+	if c.row, err = buf.row(u.rows, m); err != nil {
 		return "", c, err
 	}
 	if u.seq != nil {
 		if c.seq, err = u.seq(m); err != nil {
 			return "", c, fmt.Errorf("sequence: %w", err)
 		}
+	}
+	if len(u.keyIdx) == 1 {
+		col := u.rows.cols[u.keyIdx[0]]
+		key, err := col.expr.Text(m)
+		if err != nil {
+			return "", c, fmt.Errorf("key column %s: %w", col.name, err)
+		}
+		return key, c, nil
 	}
 	parts := make([]string, len(u.keyIdx))
 	for i, k := range u.keyIdx {

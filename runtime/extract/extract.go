@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -38,6 +39,40 @@ type Message struct {
 
 	jsonChecked bool
 	jsonValid   bool
+	// fields are the top-level members of an object payload, read in one
+	// pass on the first top-level lookup: the id, key, sequence and every
+	// column then cost no further scan of the payload.
+	fields  []field
+	indexed bool
+}
+
+// field is one top-level member of the payload.
+type field struct {
+	name  string
+	value gjson.Result
+}
+
+// topLevel returns the payload's top-level member name (the first one when
+// a name repeats, as gjson does).
+func (m *Message) topLevel(name string) gjson.Result {
+	if !m.indexed {
+		m.indexed = true
+		if len(m.Body) > 0 {
+			// The results point into the payload instead of copying it; a
+			// delivered payload is never modified.
+			doc := gjson.Parse(unsafe.String(unsafe.SliceData(m.Body), len(m.Body)))
+			doc.ForEach(func(k, v gjson.Result) bool {
+				m.fields = append(m.fields, field{name: k.Str, value: v})
+				return true
+			})
+		}
+	}
+	for i := range m.fields {
+		if m.fields[i].name == name {
+			return m.fields[i].value
+		}
+	}
+	return gjson.Result{}
 }
 
 // NewMessage wraps a delivery for evaluation.
@@ -82,6 +117,7 @@ type Expr struct {
 	src    string
 	kind   exprKind
 	path   string // gjson path for kindJSONPath
+	top    string // for "$.name": the top-level member read from the index
 	header string // header name for kindHeader
 }
 
@@ -102,6 +138,9 @@ func Compile(expr string) (Expr, error) {
 		e.kind, e.header = kindHeader, strings.TrimPrefix(expr, "@header:")
 	default:
 		e.kind, e.path = kindJSONPath, GJSONPath(expr)
+		if rest := strings.TrimPrefix(expr, "$."); rest != expr && rest != "" && !strings.Contains(rest, ".") {
+			e.top = rest
+		}
 	}
 	return e, nil
 }
@@ -162,6 +201,20 @@ func (e Expr) JSON(m *Message) (json.RawMessage, error) {
 		return nil, err
 	}
 	return json.RawMessage(r.Raw), nil
+}
+
+// AppendJSON appends the value as JSON (see JSON) to dst without copying a
+// payload value first.
+func (e Expr) AppendJSON(dst []byte, m *Message) ([]byte, error) {
+	if e.kind != kindJSONPath {
+		v, err := e.JSON(m)
+		return append(dst, v...), err
+	}
+	r, err := e.lookup(m)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, r.Raw...), nil
 }
 
 // Param returns the value for a bound statement parameter: text that
@@ -239,7 +292,12 @@ func (e Expr) lookup(m *Message) (gjson.Result, error) {
 	if !m.ValidJSON() {
 		return gjson.Result{}, fmt.Errorf("%s: %w", e.src, ErrInvalidJSON)
 	}
-	r := gjson.GetBytes(m.Body, e.path)
+	var r gjson.Result
+	if e.top != "" {
+		r = m.topLevel(e.top)
+	} else {
+		r = gjson.GetBytes(m.Body, e.path)
+	}
 	if !r.Exists() {
 		return gjson.Result{}, fmt.Errorf("%s: %w", e.src, ErrMissing)
 	}
@@ -260,6 +318,9 @@ func resultText(r gjson.Result) string {
 // integers exactly (any size, no exponent, "-0" is "0"), other values as the
 // shortest decimal that round-trips through float64.
 func CanonicalNumber(raw string) string {
+	if plainInteger(raw) {
+		return raw
+	}
 	r, ok := new(big.Rat).SetString(raw)
 	if !ok {
 		return raw
@@ -269,6 +330,21 @@ func CanonicalNumber(raw string) string {
 	}
 	f, _ := r.Float64()
 	return strconv.FormatFloat(f, 'f', -1, 64)
+}
+
+// plainInteger: digits with an optional minus sign and no leading zero,
+// already canonical ("-0" is not: it is "0").
+func plainInteger(raw string) bool {
+	digits := strings.TrimPrefix(raw, "-")
+	if digits == "" || (digits[0] == '0' && (len(digits) > 1 || digits != raw)) {
+		return false
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func quote(s string) json.RawMessage {

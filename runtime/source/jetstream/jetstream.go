@@ -238,7 +238,7 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	if err != nil {
 		return nil, fmt.Errorf("while fetching from JetStream: %w", err)
 	}
-	msgs, err := s.collect(ctx, batch)
+	msgs, err := s.collect(ctx, batch, maxN)
 	if err != nil || len(msgs) > 0 || maxWait <= 0 {
 		return msgs, err
 	}
@@ -246,11 +246,11 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	if err != nil {
 		return nil, fmt.Errorf("while fetching from JetStream: %w", err)
 	}
-	return s.collect(ctx, batch)
+	return s.collect(ctx, batch, maxN)
 }
 
-func (s *Source) collect(ctx context.Context, batch jetstream.MessageBatch) ([]source.Message, error) {
-	var msgs []source.Message
+func (s *Source) collect(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, error) {
+	msgs := make([]source.Message, 0, maxN)
 	for {
 		select {
 		case <-ctx.Done():
@@ -287,10 +287,13 @@ func convert(m jetstream.Msg) (source.Message, error) {
 	if err != nil {
 		return source.Message{}, fmt.Errorf("while reading JetStream message metadata: %w", err)
 	}
-	headers := make(map[string]string, len(m.Headers()))
-	for k, v := range m.Headers() {
-		if len(v) > 0 {
-			headers[k] = v[0]
+	var headers map[string]string // nil (readable) when there are none
+	if h := m.Headers(); len(h) > 0 {
+		headers = make(map[string]string, len(h))
+		for k, v := range h {
+			if len(v) > 0 {
+				headers[k] = v[0]
+			}
 		}
 	}
 	return source.Message{
