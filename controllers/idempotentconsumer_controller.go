@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -54,6 +55,12 @@ type Options struct {
 	Inbox InboxClient
 	// Retention derives the window from the broker; defaults to BrokerRetention.
 	Retention RetentionDeriver
+	// Effect checks the sink before the runtime is deployed; defaults to
+	// PostgresEffect on the inbox client's pools.
+	Effect EffectChecker
+	// EffectRecheck is how often the effect is checked again while
+	// EffectReady is False (default 20s, jittered; keep it <= 27s).
+	EffectRecheck time.Duration
 }
 
 // Reconciler reconciles IdempotentConsumers.
@@ -75,6 +82,16 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 	}
 	if opts.Inbox == nil {
 		opts.Inbox = NewPostgresInbox()
+	}
+	if opts.Effect == nil {
+		pools, ok := opts.Inbox.(*PostgresInbox)
+		if !ok {
+			pools = NewPostgresInbox()
+		}
+		opts.Effect = NewPostgresEffect(pools)
+	}
+	if opts.EffectRecheck <= 0 {
+		opts.EffectRecheck = defaultEffectRecheck
 	}
 	if opts.Retention == nil {
 		opts.Retention = BrokerRetention{}
@@ -132,7 +149,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.reconcilePhases(ctx, idc, obs); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: jitter(r.opts.RetentionPeriod)}, nil
+	requeue := jitter(r.opts.RetentionPeriod)
+	if d := r.effectRequeue(obs); d > 0 {
+		requeue = min(requeue, d)
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
 // reconcilePhases runs the phases in order; the first that cannot proceed
@@ -141,6 +162,9 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, idc *messagingv1alpha1
 	idc.Status.Source = sourceSummary(idc)
 	idc.Status.Guarantee = guaranteeFor(idc)
 	rc, err := renderConfig(idc)
+	if err == nil {
+		err = validateSQLParams(rc.Config)
+	}
 	if err != nil {
 		obs.stalled = failed(messagingv1alpha1.ReasonInvalidSpec, err.Error())
 		return nil
@@ -169,6 +193,9 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, idc *messagingv1alpha1
 	if err := r.reconcileInbox(ctx, idc, rc, secrets, obs); err != nil {
 		return err
 	}
+	if err := r.reconcileEffect(ctx, idc, rc, secrets, obs); err != nil {
+		return err
+	}
 	window := r.reconcileRetention(ctx, idc, rc, secrets, obs)
 	if err := r.reconcileChildren(ctx, idc, rc, secrets, window, obs); err != nil {
 		return err
@@ -195,6 +222,10 @@ func (r *Reconciler) reconcileInbox(ctx context.Context, idc *messagingv1alpha1.
 func (r *Reconciler) reconcileChildren(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, window time.Duration, obs *observation) error {
 	image := runtimeImageFor(idc, r.opts.RuntimeImage)
 	dep := renderDeployment(idc, rc, image, secrets.hash)
+	if !obs.effect.ok {
+		// Nothing may be fetched until the sink can take the effect.
+		dep.Spec.Replicas = ptr.To(int32(0))
+	}
 	children := []client.Object{renderConfigMap(idc, rc), dep, renderCronJob(idc, rc, image, secrets.hash, window)}
 	for _, obj := range children {
 		if err := r.apply(ctx, idc, obj); err != nil {
@@ -217,6 +248,10 @@ func (r *Reconciler) reconcileChildren(ctx context.Context, idc *messagingv1alph
 		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: selectorFor(idc),
 	}
 	obs.runtime = runtimeOutcome(idc, &live)
+	if !obs.effect.ok && !idc.Spec.Suspend {
+		obs.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect,
+			fmt.Sprintf("the Deployment is held at 0 replicas until EffectReady is True (%s)", obs.effect.reason))
+	}
 	obs.prune = pruneOutcome(idc, window)
 	return nil
 }
@@ -341,6 +376,8 @@ var transitionEvents = []struct {
 }{
 	{messagingv1alpha1.ConditionInboxReady, metav1.ConditionTrue, corev1.EventTypeNormal, "Provisioned"},
 	{messagingv1alpha1.ConditionInboxReady, metav1.ConditionFalse, corev1.EventTypeWarning, "InboxUnavailable"},
+	{messagingv1alpha1.ConditionEffectReady, metav1.ConditionTrue, corev1.EventTypeNormal, "EffectReady"},
+	{messagingv1alpha1.ConditionEffectReady, metav1.ConditionFalse, corev1.EventTypeWarning, "EffectNotReady"},
 	{messagingv1alpha1.ConditionRuntimeReady, metav1.ConditionTrue, corev1.EventTypeNormal, "RuntimeDeployed"},
 	{messagingv1alpha1.ConditionPruneScheduled, metav1.ConditionTrue, corev1.EventTypeNormal, "PruneScheduled"},
 	{messagingv1alpha1.ConditionRetentionResolved, metav1.ConditionFalse, corev1.EventTypeWarning, "RetentionUnresolved"},
@@ -358,8 +395,8 @@ func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.Idempotent
 			continue
 		}
 		reason := t.reason
-		if t.condition == messagingv1alpha1.ConditionStalled {
-			reason = now.Reason // Conflict, InvalidSpec, UnboundedReplay
+		if t.condition == messagingv1alpha1.ConditionStalled || (t.condition == messagingv1alpha1.ConditionEffectReady && t.status == metav1.ConditionFalse) {
+			reason = now.Reason // Conflict, InvalidSpec, UnboundedReplay; TableNotFound, ColumnNotFound...
 		}
 		r.recorder.Eventf(after, nil, t.eventType, reason, t.condition, "%s", now.Message)
 	}

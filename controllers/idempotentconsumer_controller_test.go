@@ -439,6 +439,8 @@ var _ = Describe("failures", func() {
 
 	recoverToReady := func() {
 		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), timeout, interval).Should(Equal("True/Provisioned"))
+		// Marked available only once the preflight let the replicas up.
+		Eventually(condition(name, messagingv1alpha1.ConditionEffectReady), timeout, interval).Should(Equal("True/Ready"))
 		markAvailable(name)
 		Eventually(condition(name, messagingv1alpha1.ConditionReady), timeout, interval).Should(Equal("True/Ready"))
 	}
@@ -502,6 +504,8 @@ var _ = Describe("failures", func() {
 		Expect(conditionMessage(name, messagingv1alpha1.ConditionInboxReady)).To(ContainSubstring("grant"))
 		_, err = conn.Exec(ctx, "GRANT CREATE ON DATABASE "+pgx.Identifier{testDB}.Sanitize()+" TO "+role)
 		Expect(err).NotTo(HaveOccurred())
+		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), timeout, interval).Should(Equal("True/Provisioned"))
+		createOrdersTable(string(idc.Spec.Sink.Postgres.Schema), role)
 		recoverToReady()
 	})
 

@@ -32,6 +32,7 @@ type observation struct {
 	stalled   outcome
 	secrets   outcome
 	inbox     outcome
+	effect    outcome
 	retention outcome
 	runtime   outcome
 	prune     outcome
@@ -77,6 +78,7 @@ func boolStatus(b bool) metav1.ConditionStatus {
 func setConditions(idc *messagingv1alpha1.IdempotentConsumer, o *observation) {
 	b := o.blocker()
 	setCondition(idc, messagingv1alpha1.ConditionInboxReady, o.inbox, b)
+	setCondition(idc, messagingv1alpha1.ConditionEffectReady, o.effect, b)
 	setCondition(idc, messagingv1alpha1.ConditionRetentionResolved, o.retention, b)
 	setCondition(idc, messagingv1alpha1.ConditionRuntimeReady, o.runtime, b)
 	setCondition(idc, messagingv1alpha1.ConditionPruneScheduled, o.prune, b)
@@ -116,7 +118,7 @@ func summarize(o *observation) outcome {
 		name string
 		o    outcome
 	}{
-		{"inbox", o.inbox}, {"retention", o.retention}, {"runtime", o.runtime}, {"prune", o.prune},
+		{"inbox", o.inbox}, {"effect", o.effect}, {"retention", o.retention}, {"runtime", o.runtime}, {"prune", o.prune},
 	}
 	for _, p := range phases {
 		if !p.o.reached {

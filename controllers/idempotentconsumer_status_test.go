@@ -14,7 +14,7 @@ import (
 func TestSetConditions(t *testing.T) {
 	ok := func(reason string) outcome { return okOutcome(reason, "fine") }
 	allGood := observation{
-		secrets: ok("Ready"), inbox: ok("Provisioned"), retention: ok("Broker"),
+		secrets: ok("Ready"), inbox: ok("Provisioned"), effect: ok("Ready"), retention: ok("Broker"),
 		runtime: ok("Ready"), prune: ok("Scheduled"),
 	}
 	tests := []struct {
@@ -28,6 +28,12 @@ func TestSetConditions(t *testing.T) {
 			o.runtime = failed(messagingv1alpha1.ReasonDeploymentNotReady, "0/2")
 			return o
 		}(), "False/DeploymentNotAvailable", "True/DeploymentNotAvailable", "False/Ready", "True/Provisioned"},
+		{"effect not ready holds Ready", func() observation {
+			o := allGood
+			o.effect = failed(messagingv1alpha1.ReasonNoUniqueKey, "no unique index")
+			o.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect, "held at 0")
+			return o
+		}(), "False/NoUniqueKey", "True/NoUniqueKey", "False/Ready", "True/Provisioned"},
 		{"missing secret blocks the later phases", observation{
 			secrets: failed(messagingv1alpha1.ReasonSecretNotFound, "Secret \"db\" does not exist"),
 		}, "False/SecretNotFound", "True/SecretNotFound", "False/Ready", "False/SecretNotFound"},

@@ -50,14 +50,21 @@ func fixtureScenarios() []fixtureScenario {
 	secrets := ok(messagingv1alpha1.ReasonReady, "all referenced Secrets found")
 	inbox := ok(messagingv1alpha1.ReasonProvisioned, "inbox projections.inbox_orders_projector (layout Table, schema version 2) and its dead-letter and prune-run tables exist")
 	retention := ok(messagingv1alpha1.ReasonBrokerValues, "window 49h from the broker: stream ORDERS max_age=48h; consumer ack_wait=30s max_deliver=5")
+	effect := ok(messagingv1alpha1.ReasonReady, "table projections.orders has every mapped column, a unique key on (order_id) and the privileges the upsert needs")
 	runtime := ok(messagingv1alpha1.ReasonReady, "2/2 replicas available")
 	prune := ok(messagingv1alpha1.ReasonScheduled, "the prune CronJob runs on \"*/30 * * * *\" with window 49h")
 	ready := func(mod func(o *observation)) *observation {
-		o := &observation{secrets: secrets, inbox: inbox, retention: retention, runtime: runtime, prune: prune}
+		o := &observation{secrets: secrets, inbox: inbox, effect: effect, retention: retention, runtime: runtime, prune: prune}
 		if mod != nil {
 			mod(o)
 		}
 		return o
+	}
+	effectFailed := func(reason, msg string) *observation {
+		return ready(func(o *observation) {
+			o.effect = failed(reason, msg)
+			o.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect, "the Deployment is held at 0 replicas until EffectReady is True ("+reason+")")
+		})
 	}
 	inboxFailed := func(reason, msg string) *observation {
 		return &observation{secrets: secrets, inbox: failed(reason, msg)}
@@ -78,6 +85,18 @@ func fixtureScenarios() []fixtureScenario {
 		{name: "progressing-deployment-not-available", obs: ready(func(o *observation) {
 			o.runtime = failed(messagingv1alpha1.ReasonDeploymentNotReady, "0/2 replicas available")
 		})},
+		{name: "progressing-effect-table-not-found", obs: ready(func(o *observation) {
+			o.effect = failed(messagingv1alpha1.ReasonTableNotFound, "table \"projections\".\"orders\" (spec.sink.effect.upsert.table) does not exist in the sink database; create it, e.g. CREATE TABLE \"projections\".\"orders\" (\"order_id\" <type>, \"status\" <type>, \"version\" bigint, PRIMARY KEY (\"order_id\")), or run the service's migration")
+			o.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect, "the Deployment is held at 0 replicas until EffectReady is True (TableNotFound)")
+		})},
+		{name: "progressing-effect-column-not-found", obs: effectFailed(messagingv1alpha1.ReasonColumnNotFound,
+			"column \"status\" of table \"projections\".\"orders\" (spec.sink.effect.upsert.columns.status) does not exist; run ALTER TABLE \"projections\".\"orders\" ADD COLUMN \"status\" <type>, or remove it from the mapping")},
+		{name: "progressing-effect-column-type-mismatch", obs: effectFailed(messagingv1alpha1.ReasonColumnTypeMismatch,
+			"the sequence column \"version\" of table \"projections\".\"orders\" (spec.sink.effect.upsert.sequenceColumn) is text, but the sequence gate needs an integer type; run ALTER TABLE \"projections\".\"orders\" ALTER COLUMN \"version\" TYPE bigint USING \"version\"::bigint")},
+		{name: "progressing-effect-no-unique-key", obs: effectFailed(messagingv1alpha1.ReasonNoUniqueKey,
+			"no primary key or unique index of \"projections\".\"orders\" covers exactly the upsert key (\"order_id\") (spec.sink.effect.upsert.key), which ON CONFLICT needs; run CREATE UNIQUE INDEX ON \"projections\".\"orders\" (\"order_id\")")},
+		{name: "progressing-effect-statement-invalid", obs: effectFailed(messagingv1alpha1.ReasonStatementInvalid,
+			"spec.sink.effect.sql.statement does not prepare: syntax error at or near \"WHER\" (SQLSTATE 42601); fix the statement")},
 		{name: "progressing-broker-unreachable", obs: ready(func(o *observation) {
 			o.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, "cannot read retention settings from the broker: dial tcp 10.0.0.9:4222: connection refused; keeping the last window 49h")
 		})},

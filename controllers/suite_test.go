@@ -73,6 +73,28 @@ func createDatabase(name string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:5432/%s?sslmode=disable", name)
 }
 
+// effectRecheck is the suite's EffectReady re-check period (the default,
+// 20s, is covered by TestEffectRecheckWithin30s).
+const effectRecheck = 2 * time.Second
+
+// createOrdersTable creates schema.orders as newConsumer maps it, granted to
+// role when set.
+func createOrdersTable(schema, role string) {
+	conn, err := pgx.Connect(ctx, testDSN)
+	Expect(err).NotTo(HaveOccurred())
+	defer conn.Close(ctx)
+	s := pgx.Identifier{schema}.Sanitize()
+	stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + s,
+		"CREATE TABLE IF NOT EXISTS " + s + ".orders (order_id text PRIMARY KEY, status text, version bigint)"}
+	if role != "" {
+		stmts = append(stmts, "GRANT SELECT, INSERT, UPDATE ON "+s+".orders TO "+pgx.Identifier{role}.Sanitize())
+	}
+	for _, stmt := range stmts {
+		_, err := conn.Exec(ctx, stmt)
+		Expect(err).NotTo(HaveOccurred(), stmt)
+	}
+}
+
 func dropDatabase(name string) {
 	conn, err := pgx.Connect(context.Background(), adminDSN)
 	Expect(err).NotTo(HaveOccurred())
@@ -87,6 +109,9 @@ var _ = BeforeSuite(func() {
 
 	testDB = "idc_ctrl_test_" + randomSuffix()
 	testDSN = createDatabase(testDB)
+	// The effect table of newConsumer: the EffectReady preflight holds the
+	// runtime at 0 replicas without it.
+	createOrdersTable("projections", "")
 
 	var err error
 	nc, err = nats.Connect(natsURL)
@@ -108,7 +133,8 @@ var _ = BeforeSuite(func() {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
 	Expect(err).NotTo(HaveOccurred())
 	clk = testclock.NewFakeClock(time.Now())
-	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk})
+	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk,
+		EffectRecheck: effectRecheck})
 	Expect(r.SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()

@@ -11,6 +11,12 @@ const (
 	// ConditionInboxReady is True when the inbox, dead-letter and prune-run
 	// tables exist at the expected schema version.
 	ConditionInboxReady = "InboxReady"
+	// ConditionEffectReady is True when the sink database can take the
+	// effect: the table, every mapped column (of an assignable type), a
+	// unique key for an upsert, an integer sequence column, the privileges,
+	// or an sql statement that prepares with its declared parameters. While
+	// it is False the runtime is held at 0 replicas.
+	ConditionEffectReady = "EffectReady"
 	// ConditionRuntimeReady is True when the consumer Deployment is Available
 	// (or suspended on purpose).
 	ConditionRuntimeReady = "RuntimeReady"
@@ -47,6 +53,16 @@ const (
 	ReasonWaitingForInbox    = "WaitingForInbox"
 	ReasonWaitingForWindow   = "WaitingForRetention"
 	ReasonInvalidSpec        = "InvalidSpec"
+
+	// EffectReady=False reasons (the sink is not ready for the effect).
+	ReasonTableNotFound      = "TableNotFound"
+	ReasonColumnNotFound     = "ColumnNotFound"
+	ReasonColumnTypeMismatch = "ColumnTypeMismatch"
+	ReasonNoUniqueKey        = "NoUniqueKey"
+	ReasonStatementInvalid   = "StatementInvalid"
+	// ReasonWaitingForEffect: RuntimeReady=False while the Deployment is
+	// held at 0 replicas because EffectReady is False.
+	ReasonWaitingForEffect = "WaitingForEffect"
 )
 
 // The BrokerLimits condition: True when the broker-side consumer limits can
@@ -101,6 +117,10 @@ type IdempotentConsumerStatus struct {
 	// lastPrune is the latest prune run recorded in the database.
 	// +optional
 	LastPrune *PruneRunStatus `json:"lastPrune,omitempty"`
+	// lastRedrive is the latest redrive run through the
+	// messaging.idempotency.dev/redrive annotation.
+	// +optional
+	LastRedrive *RedriveRunStatus `json:"lastRedrive,omitempty"`
 }
 
 // RetentionSourceKind says where the window's inputs came from.

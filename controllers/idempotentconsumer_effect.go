@@ -1,0 +1,465 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
+)
+
+// defaultEffectRecheck is how often the effect is checked again while
+// EffectReady is False (with jitter of +-10%, so at most 22s): a migration
+// that creates the table is picked up without anyone touching the resource.
+const defaultEffectRecheck = 20 * time.Second
+
+// EffectChecker checks, read-only, that the sink can take the effect
+// (observe only: it never changes the sink).
+type EffectChecker interface {
+	// Check returns nil when the effect can run, a *EffectProblem when the
+	// sink is not ready for it, and any other error when the check itself
+	// could not run (database unreachable): that one is retried.
+	Check(ctx context.Context, dsn string, cfg *config.Config) error
+}
+
+// EffectProblem is a sink that is not ready for the effect: a reason
+// (messagingv1alpha1.ReasonTableNotFound, ...) and a message that names the
+// table and column and says what to run.
+type EffectProblem struct {
+	Reason  string
+	Message string
+}
+
+func (p *EffectProblem) Error() string { return p.Reason + ": " + p.Message }
+
+func problem(reason, format string, args ...any) *EffectProblem {
+	return &EffectProblem{Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// PostgresEffect is the EffectChecker on the sink database, sharing the
+// inbox client's pools.
+type PostgresEffect struct {
+	pools *PostgresInbox
+}
+
+// NewPostgresEffect returns an EffectChecker using pools's connections.
+func NewPostgresEffect(pools *PostgresInbox) *PostgresEffect { return &PostgresEffect{pools: pools} }
+
+// Check implements EffectChecker. Everything runs in one READ ONLY
+// transaction that is rolled back.
+func (p *PostgresEffect) Check(ctx context.Context, dsn string, cfg *config.Config) error {
+	if cfg.Sink.Effect.HTTP != nil {
+		return nil // nothing of the effect lives in the database
+	}
+	pool, err := p.pools.pool(dsn)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("while connecting for the effect check: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("while beginning the effect check: %w", err)
+	}
+	err = checkEffect(ctx, tx, cfg)
+	_ = tx.Rollback(ctx)
+	if cfg.Sink.Effect.SQL != nil {
+		// Prepared statements outlive the transaction; this one must not
+		// outlive the check on a pooled connection.
+		_ = conn.Conn().Deallocate(ctx, preflightStatement)
+	}
+	return err
+}
+
+func checkEffect(ctx context.Context, tx pgx.Tx, cfg *config.Config) error {
+	e := cfg.Sink.Effect
+	switch {
+	case e.Upsert != nil:
+		return checkTableEffect(ctx, tx, cfg.Sink.Schema, tableEffect{
+			field: "spec.sink.effect.upsert", table: e.Upsert.Table, columns: e.Upsert.Columns,
+			key: e.Upsert.Key, sequence: e.Upsert.SequenceColumn,
+		})
+	case e.Append != nil:
+		return checkTableEffect(ctx, tx, cfg.Sink.Schema, tableEffect{
+			field: "spec.sink.effect.append", table: e.Append.Table, columns: e.Append.Columns,
+		})
+	case e.SQL != nil:
+		return checkStatement(ctx, tx, e.SQL)
+	}
+	return nil
+}
+
+// tableEffect is an upsert (key set) or an append.
+type tableEffect struct {
+	field    string
+	table    string
+	columns  map[string]string
+	key      []string
+	sequence string
+}
+
+func (t tableEffect) upsert() bool { return len(t.key) > 0 }
+
+// sinkColumn is a column of the target table as the catalog describes it.
+type sinkColumn struct {
+	typ      string // format_type, e.g. "bigint", "timestamp with time zone"
+	category string // pg_type.typcategory: N numeric, S string, D date/time, B boolean, U user (json, uuid...)
+	required bool   // NOT NULL, no default, not identity or generated
+}
+
+func checkTableEffect(ctx context.Context, tx pgx.Tx, schema string, t tableEffect) error {
+	qualified := pgx.Identifier{schema, t.table}.Sanitize()
+	var relID uint32
+	var hasUsage bool
+	err := tx.QueryRow(ctx, `SELECT c.oid, has_schema_privilege(n.oid, 'USAGE')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p', 'v', 'f')`, schema, t.table).Scan(&relID, &hasUsage)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return problem(messagingv1alpha1.ReasonTableNotFound,
+			"table %s (%s.table) does not exist in the sink database; create it, e.g. CREATE TABLE %s (%s), or run the service's migration",
+			qualified, t.field, qualified, suggestedColumns(t))
+	}
+	if err != nil {
+		return fmt.Errorf("while looking up table %s: %w", qualified, err)
+	}
+	if !hasUsage {
+		return problem(messagingv1alpha1.ReasonPermissionDenied,
+			"the sink role has no USAGE on schema %s; run GRANT USAGE ON SCHEMA %s TO <role>",
+			pgx.Identifier{schema}.Sanitize(), pgx.Identifier{schema}.Sanitize())
+	}
+	cols, err := tableColumns(ctx, tx, relID)
+	if err != nil {
+		return fmt.Errorf("while reading the columns of %s: %w", qualified, err)
+	}
+	if p := checkColumns(qualified, t, cols); p != nil {
+		return p
+	}
+	if t.upsert() {
+		ok, err := hasUniqueKey(ctx, tx, relID, t.key)
+		if err != nil {
+			return fmt.Errorf("while reading the unique indexes of %s: %w", qualified, err)
+		}
+		if !ok {
+			return problem(messagingv1alpha1.ReasonNoUniqueKey,
+				"no primary key or unique index of %s covers exactly the upsert key (%s) (%s.key), which ON CONFLICT needs; run CREATE UNIQUE INDEX ON %s (%s)",
+				qualified, identList(t.key), t.field, qualified, identList(t.key))
+		}
+	}
+	return checkPrivileges(ctx, tx, relID, qualified, t)
+}
+
+func suggestedColumns(t tableEffect) string {
+	names := sortedNames(t.columns)
+	parts := make([]string, 0, len(names)+1)
+	for _, n := range names {
+		typ := "<type>"
+		if n == t.sequence {
+			typ = "bigint"
+		}
+		parts = append(parts, pgx.Identifier{n}.Sanitize()+" "+typ)
+	}
+	if t.upsert() {
+		parts = append(parts, "PRIMARY KEY ("+identList(t.key)+")")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func tableColumns(ctx context.Context, tx pgx.Tx, relID uint32) (map[string]sinkColumn, error) {
+	rows, err := tx.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typcategory::text,
+			a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, relID)
+	if err != nil {
+		return nil, err
+	}
+	cols := map[string]sinkColumn{}
+	for rows.Next() {
+		var name string
+		var c sinkColumn
+		if err := rows.Scan(&name, &c.typ, &c.category, &c.required); err != nil {
+			return nil, err
+		}
+		cols[name] = c
+	}
+	return cols, rows.Err()
+}
+
+// checkColumns: every mapped column exists and can take its value
+// expression, the sequence column is an integer, and no NOT NULL column
+// without a default is left unmapped (every insert would fail on it).
+func checkColumns(qualified string, t tableEffect, cols map[string]sinkColumn) *EffectProblem {
+	for _, name := range sortedNames(t.columns) {
+		col, ok := cols[name]
+		if !ok {
+			return problem(messagingv1alpha1.ReasonColumnNotFound,
+				"column %s of table %s (%s.columns.%s) does not exist; run ALTER TABLE %s ADD COLUMN %s <type>, or remove it from the mapping",
+				pgx.Identifier{name}.Sanitize(), qualified, t.field, name, qualified, pgx.Identifier{name}.Sanitize())
+		}
+		if want, ok := assignable(t.columns[name], col); !ok {
+			return problem(messagingv1alpha1.ReasonColumnTypeMismatch,
+				"column %s of table %s is %s, but its value %s (%s.columns.%s) is %s; change the column type or map another value",
+				pgx.Identifier{name}.Sanitize(), qualified, col.typ, t.columns[name], t.field, name, want)
+		}
+	}
+	if t.sequence != "" && !isIntegerType(cols[t.sequence].typ) {
+		return problem(messagingv1alpha1.ReasonColumnTypeMismatch,
+			"the sequence column %s of table %s (%s.sequenceColumn) is %s, but the sequence gate needs an integer type; run ALTER TABLE %s ALTER COLUMN %s TYPE bigint USING %s::bigint",
+			pgx.Identifier{t.sequence}.Sanitize(), qualified, t.field, cols[t.sequence].typ, qualified,
+			pgx.Identifier{t.sequence}.Sanitize(), pgx.Identifier{t.sequence}.Sanitize())
+	}
+	names := make([]string, 0, len(cols))
+	for name := range cols {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if _, mapped := t.columns[name]; !mapped && cols[name].required {
+			return problem(messagingv1alpha1.ReasonColumnNotFound,
+				"column %s of table %s is NOT NULL without a default and not in %s.columns, so every insert would fail; map it, or run ALTER TABLE %s ALTER COLUMN %s SET DEFAULT <value>",
+				pgx.Identifier{name}.Sanitize(), qualified, t.field, qualified, pgx.Identifier{name}.Sanitize())
+		}
+	}
+	return nil
+}
+
+func isIntegerType(typ string) bool {
+	return typ == "smallint" || typ == "integer" || typ == "bigint"
+}
+
+// assignable reports whether a value expression can ever fit the column,
+// and if not, what kind of value it is. JSON paths and text values (the id,
+// a header) are parsed by the column type's input function, so only the
+// value decides: those are always accepted here and a bad value
+// dead-letters its message. The fixed-shape values are checked.
+func assignable(expr string, col sinkColumn) (string, bool) {
+	switch expr {
+	case "@publishedAt":
+		// A timestamp: a date/time, text or JSON column takes it.
+		return "a timestamp", col.category == "D" || col.category == "S" || isJSONType(col.typ)
+	case "@payload":
+		return "the JSON payload", col.category == "S" || isJSONType(col.typ)
+	}
+	return "", true
+}
+
+func isJSONType(typ string) bool { return typ == "json" || typ == "jsonb" }
+
+// hasUniqueKey: ON CONFLICT (key) infers a non-partial, non-deferrable
+// unique index (or primary key) on exactly the key columns.
+func hasUniqueKey(ctx context.Context, tx pgx.Tx, relID uint32, key []string) (bool, error) {
+	want := slices.Clone(key)
+	sort.Strings(want)
+	rows, err := tx.Query(ctx, `SELECT array_agg(a.attname::text ORDER BY a.attname)
+		FROM pg_index i
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+		WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate AND i.indisvalid
+		  AND i.indpred IS NULL AND i.indexprs IS NULL
+		GROUP BY i.indexrelid`, relID)
+	if err != nil {
+		return false, err
+	}
+	found := false
+	for rows.Next() {
+		var cols []string
+		if err := rows.Scan(&cols); err != nil {
+			return false, err
+		}
+		found = found || slices.Equal(cols, want)
+	}
+	return found, rows.Err()
+}
+
+// checkPrivileges: INSERT on every mapped column; for an upsert also UPDATE
+// on the columns it sets and SELECT on the sequence column its gate reads.
+func checkPrivileges(ctx context.Context, tx pgx.Tx, relID uint32, qualified string, t tableEffect) error {
+	type need struct{ column, privilege string }
+	var needs []need
+	for _, name := range sortedNames(t.columns) {
+		needs = append(needs, need{name, "INSERT"})
+		if t.upsert() && !slices.Contains(t.key, name) {
+			needs = append(needs, need{name, "UPDATE"})
+		}
+	}
+	if t.sequence != "" {
+		needs = append(needs, need{t.sequence, "SELECT"})
+	}
+	var role string
+	if err := tx.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+		return fmt.Errorf("while reading the sink role: %w", err)
+	}
+	for _, n := range needs {
+		var ok bool
+		if err := tx.QueryRow(ctx, "SELECT has_column_privilege($1::oid, $2::text, $3::text)", relID, n.column, n.privilege).Scan(&ok); err != nil {
+			return fmt.Errorf("while checking %s on %s: %w", n.privilege, qualified, err)
+		}
+		if !ok {
+			grant := "INSERT"
+			if t.upsert() {
+				grant = "INSERT, UPDATE"
+				if t.sequence != "" {
+					grant = "SELECT, INSERT, UPDATE"
+				}
+			}
+			return problem(messagingv1alpha1.ReasonPermissionDenied,
+				"role %s lacks %s on column %s of table %s; run GRANT %s ON %s TO %s",
+				pgx.Identifier{role}.Sanitize(), n.privilege, pgx.Identifier{n.column}.Sanitize(), qualified,
+				grant, qualified, pgx.Identifier{role}.Sanitize())
+		}
+	}
+	return nil
+}
+
+// preflightStatement is the name the sql statement is prepared under.
+const preflightStatement = "idc_effect_preflight"
+
+// checkStatement prepares the statement (the protocol's Parse: it is never
+// executed, and a second command is refused, not run) with the role's own
+// search path, as the runtime runs it, checks its parameters, and EXPLAINs
+// it with NULL arguments, which checks privileges without writing. The
+// caller deallocates preflightStatement after the rollback.
+func checkStatement(ctx context.Context, tx pgx.Tx, s *config.SQL) error {
+	stmt, names, err := effect.ConvertNamedParams(s.Statement)
+	if err != nil {
+		return problem(messagingv1alpha1.ReasonStatementInvalid, "spec.sink.effect.sql.statement cannot be read: %v", err)
+	}
+	sd, err := tx.Conn().Prepare(ctx, preflightStatement, stmt)
+	if err != nil {
+		return statementProblem("does not prepare", err)
+	}
+	if len(sd.ParamOIDs) != len(names) {
+		return problem(messagingv1alpha1.ReasonStatementInvalid,
+			"spec.sink.effect.sql.statement declares %d parameters (%s) but PostgreSQL reads %d; use only :name parameters",
+			len(names), paramList(names), len(sd.ParamOIDs))
+	}
+	explain := "EXPLAIN EXECUTE " + pgx.Identifier{preflightStatement}.Sanitize()
+	if len(names) > 0 {
+		explain += " (" + strings.TrimSuffix(strings.Repeat("NULL, ", len(names)), ", ") + ")"
+	}
+	if _, err := tx.Exec(ctx, explain); err != nil {
+		return statementProblem("cannot run", err)
+	}
+	return nil
+}
+
+func statementProblem(what string, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("while checking spec.sink.effect.sql.statement: %w", err)
+	}
+	reason := messagingv1alpha1.ReasonStatementInvalid
+	hint := "fix the statement"
+	switch {
+	case pgErr.Code == "42501":
+		reason, hint = messagingv1alpha1.ReasonPermissionDenied, "GRANT the privilege it names to the sink role"
+	case pgErr.Code == "42P01":
+		reason, hint = messagingv1alpha1.ReasonTableNotFound, "create the table (run the service's migration) or fix the statement"
+	case pgErr.Code == "42703":
+		reason, hint = messagingv1alpha1.ReasonColumnNotFound, "add the column or fix the statement"
+	case pgErr.Code == "42601" && strings.Contains(pgErr.Message, "multiple commands"):
+		hint = "keep one command per statement (wrap several in a function, or use a CTE)"
+	}
+	return problem(reason, "spec.sink.effect.sql.statement %s: %s (SQLSTATE %s); %s", what, pgErr.Message, pgErr.Code, hint)
+}
+
+// validateSQLParams: the statement's :name parameters and spec params must
+// match both ways. CEL cannot parse SQL, so the controller checks it and
+// stalls with InvalidSpec.
+func validateSQLParams(cfg *config.Config) error {
+	s := cfg.Sink.Effect.SQL
+	if s == nil {
+		return nil
+	}
+	_, names, err := effect.ConvertNamedParams(s.Statement)
+	if err != nil {
+		return fmt.Errorf("spec.sink.effect.sql.statement: %w", err)
+	}
+	for _, n := range names {
+		if _, ok := s.Params[n]; !ok {
+			return fmt.Errorf("spec.sink.effect.sql.statement uses :%s, which is not in spec.sink.effect.sql.params (%s)", n, strings.Join(sortedNames(s.Params), ", "))
+		}
+	}
+	for _, n := range sortedNames(s.Params) {
+		if !slices.Contains(names, n) {
+			return fmt.Errorf("spec.sink.effect.sql.params.%s is not used by the statement (no :%s in spec.sink.effect.sql.statement)", n, n)
+		}
+	}
+	return nil
+}
+
+// reconcileEffect runs the preflight; a problem makes EffectReady False
+// (and holds the Deployment at 0 replicas), an error retries the pass.
+func (r *Reconciler) reconcileEffect(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) error {
+	err := r.opts.Effect.Check(ctx, secrets.getenv(envPostgresDSN), rc.Config)
+	var p *EffectProblem
+	switch {
+	case err == nil:
+		obs.effect = okOutcome(messagingv1alpha1.ReasonReady, effectReadyMessage(rc.Config))
+	case errors.As(err, &p):
+		obs.effect = failed(p.Reason, p.Message)
+	default:
+		reason, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
+		obs.effect = failed(reason, msg)
+		return fmt.Errorf("checking the effect: %s", msg)
+	}
+	return nil
+}
+
+func effectReadyMessage(cfg *config.Config) string {
+	e := cfg.Sink.Effect
+	switch {
+	case e.Upsert != nil:
+		return fmt.Sprintf("table %s.%s has every mapped column, a unique key on (%s) and the privileges the upsert needs", cfg.Sink.Schema, e.Upsert.Table, strings.Join(e.Upsert.Key, ", "))
+	case e.Append != nil:
+		return fmt.Sprintf("table %s.%s has every mapped column and the privileges the append needs", cfg.Sink.Schema, e.Append.Table)
+	case e.SQL != nil:
+		return "the sql statement prepares with its declared parameters and the role may run it"
+	}
+	return "the http effect has nothing to check in the sink database"
+}
+
+// effectRequeue is the re-check delay while EffectReady is False, else 0.
+func (r *Reconciler) effectRequeue(obs *observation) time.Duration {
+	if !obs.effect.reached || obs.effect.ok {
+		return 0
+	}
+	return jitter(r.opts.EffectRecheck)
+}
+
+func sortedNames(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func identList(names []string) string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return strings.Join(out, ", ")
+}
+
+func paramList(names []string) string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = ":" + n
+	}
+	return strings.Join(out, ", ")
+}

@@ -1,0 +1,145 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// The preflight against the real PostgreSQL, one case per reason: broken,
+// then fixed by the statement the message suggests (or its equivalent).
+// The envtest specs (idempotentconsumer_effect_envtest_test.go) show the
+// same through the resource.
+func TestEffectPreflight(t *testing.T) {
+	upsert := config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"}, SequenceColumn: "version",
+		Columns: map[string]string{"order_id": "$.orderId", "status": "$.status", "version": "$.version"}}}
+	for _, tc := range []struct {
+		name     string
+		effect   config.Effect
+		setup    []string
+		role     bool // connect as a role that owns nothing
+		reason   string
+		contains []string
+		fix      []string
+	}{
+		{name: "table not found", effect: upsert, reason: messagingv1alpha1.ReasonTableNotFound,
+			contains: []string{`"app"."orders"`, "CREATE TABLE"},
+			fix:      []string{"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version bigint)"}},
+		{name: "column not found", effect: upsert, setup: []string{"CREATE TABLE app.orders (order_id text PRIMARY KEY, version bigint)"},
+			reason: messagingv1alpha1.ReasonColumnNotFound, contains: []string{`"status"`, "ADD COLUMN", "spec.sink.effect.upsert.columns.status"},
+			fix: []string{"ALTER TABLE app.orders ADD COLUMN status text"}},
+		{name: "required column not mapped", effect: upsert,
+			setup:  []string{"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version bigint, region text NOT NULL)"},
+			reason: messagingv1alpha1.ReasonColumnNotFound, contains: []string{`"region"`, "NOT NULL"},
+			fix: []string{"ALTER TABLE app.orders ALTER COLUMN region SET DEFAULT 'eu'"}},
+		{name: "sequence column not an integer", effect: upsert, setup: []string{"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version text)"},
+			reason: messagingv1alpha1.ReasonColumnTypeMismatch, contains: []string{`"version"`, "integer", "TYPE bigint"},
+			fix: []string{"ALTER TABLE app.orders ALTER COLUMN version TYPE bigint USING version::bigint"}},
+		{name: "timestamp into a number", effect: config.Effect{Append: &config.Append{Table: "events", Columns: map[string]string{"at": "@publishedAt"}}},
+			setup:  []string{"CREATE TABLE app.events (at int)"},
+			reason: messagingv1alpha1.ReasonColumnTypeMismatch, contains: []string{`"at"`, "integer", "@publishedAt"},
+			fix: []string{"ALTER TABLE app.events ALTER COLUMN at TYPE timestamptz USING now()"}},
+		{name: "no unique key", effect: upsert, setup: []string{"CREATE TABLE app.orders (order_id text, status text, version bigint)"},
+			reason: messagingv1alpha1.ReasonNoUniqueKey, contains: []string{`"order_id"`, "CREATE UNIQUE INDEX"},
+			fix: []string{"CREATE UNIQUE INDEX ON app.orders (order_id)"}},
+		{name: "permission denied", effect: upsert, role: true,
+			setup:  []string{"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version bigint)", "GRANT USAGE ON SCHEMA app TO idc_preflight_role", "GRANT INSERT ON app.orders TO idc_preflight_role"},
+			reason: messagingv1alpha1.ReasonPermissionDenied, contains: []string{"UPDATE", `"app"."orders"`, "GRANT SELECT, INSERT, UPDATE"},
+			fix: []string{"GRANT SELECT, UPDATE ON app.orders TO idc_preflight_role"}},
+		{name: "statement with two commands", effect: config.Effect{SQL: &config.SQL{
+			Statement: "UPDATE app.accounts SET n = n + 1 WHERE id = :id; DELETE FROM app.accounts",
+			Params:    map[string]string{"id": "$.id"}}},
+			setup:  []string{"CREATE TABLE app.accounts (id text PRIMARY KEY, n int NOT NULL DEFAULT 0)"},
+			reason: messagingv1alpha1.ReasonStatementInvalid, contains: []string{"multiple commands", "one command"}},
+		{name: "statement on a missing table", effect: config.Effect{SQL: &config.SQL{
+			Statement: "UPDATE app.accounts SET n = n + 1 WHERE id = :id", Params: map[string]string{"id": "$.id"}}},
+			reason: messagingv1alpha1.ReasonTableNotFound, contains: []string{"accounts", "42P01"},
+			fix: []string{"CREATE TABLE app.accounts (id text PRIMARY KEY, n int NOT NULL DEFAULT 0)"}},
+		{name: "statement without the privilege", effect: config.Effect{SQL: &config.SQL{
+			Statement: "UPDATE app.accounts SET n = n + 1 WHERE id = :id", Params: map[string]string{"id": "$.id"}}},
+			role:   true,
+			setup:  []string{"CREATE TABLE app.accounts (id text PRIMARY KEY, n int NOT NULL DEFAULT 0)", "GRANT USAGE ON SCHEMA app TO idc_preflight_role"},
+			reason: messagingv1alpha1.ReasonPermissionDenied, contains: []string{"permission denied", "GRANT"},
+			fix: []string{"GRANT SELECT, UPDATE ON app.accounts TO idc_preflight_role"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, dsn := pgtest.NewPool(t)
+			pgtest.Exec(t, pool, "CREATE SCHEMA app")
+			if tc.role {
+				pgtest.Exec(t, pool, "DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'idc_preflight_role') THEN CREATE ROLE idc_preflight_role LOGIN; END IF; END$$")
+				dsn = strings.Replace(dsn, "postgres://postgres@", "postgres://idc_preflight_role@", 1)
+				t.Cleanup(func() { pgtest.Exec(t, pool, "DROP OWNED BY idc_preflight_role") })
+			}
+			pgtest.Exec(t, pool, tc.setup...)
+			cfg := &config.Config{Sink: config.Sink{Schema: "app", InboxTable: "inbox", Effect: tc.effect}}
+			checker := NewPostgresEffect(NewPostgresInbox())
+			err := checker.Check(context.Background(), dsn, cfg)
+			var p *EffectProblem
+			if !errors.As(err, &p) {
+				t.Fatalf("Check = %v, want an EffectProblem with reason %s", err, tc.reason)
+			}
+			if p.Reason != tc.reason {
+				t.Fatalf("reason %s (%s), want %s", p.Reason, p.Message, tc.reason)
+			}
+			for _, s := range tc.contains {
+				if !strings.Contains(p.Message, s) {
+					t.Errorf("message %q does not contain %q", p.Message, s)
+				}
+			}
+			if tc.fix == nil {
+				return
+			}
+			pgtest.Exec(t, pool, tc.fix...)
+			if err := checker.Check(context.Background(), dsn, cfg); err != nil {
+				t.Fatalf("after the fix: %v", err)
+			}
+			// The check is repeatable on the same pooled connections (the
+			// prepared statement was deallocated).
+			if err := checker.Check(context.Background(), dsn, cfg); err != nil {
+				t.Fatalf("second check after the fix: %v", err)
+			}
+		})
+	}
+}
+
+func TestValidateSQLParams(t *testing.T) {
+	for _, tc := range []struct {
+		stmt   string
+		params map[string]string
+		want   string
+	}{
+		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n", "id": "$.id"}, ""},
+		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n"}, ":id"},
+		{"UPDATE a SET n = 1 WHERE id = :id", map[string]string{"id": "$.id", "extra": "$.x"}, "params.extra"},
+	} {
+		cfg := &config.Config{Sink: config.Sink{Effect: config.Effect{SQL: &config.SQL{Statement: tc.stmt, Params: tc.params}}}}
+		err := validateSQLParams(cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q %v: %v", tc.stmt, tc.params, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q %v: error %v, want one naming %s", tc.stmt, tc.params, err, tc.want)
+		}
+	}
+}
+
+// While EffectReady is False the pass is re-run within 30s (the default
+// period plus its jitter); once True, only the periodic requeue applies.
+func TestEffectRecheckWithin30s(t *testing.T) {
+	r := &Reconciler{opts: Options{EffectRecheck: defaultEffectRecheck}}
+	notReady := &observation{effect: failed(messagingv1alpha1.ReasonTableNotFound, "missing")}
+	for range 1000 {
+		if d := r.effectRequeue(notReady); d <= 0 || d > 30*time.Second {
+			t.Fatalf("re-check after %s while EffectReady is False, want (0, 30s]", d)
+		}
+	}
+	if d := r.effectRequeue(&observation{effect: okOutcome(messagingv1alpha1.ReasonReady, "ok")}); d != 0 {
+		t.Errorf("re-check after %s while EffectReady is True, want none", d)
+	}
+}
