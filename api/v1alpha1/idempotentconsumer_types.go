@@ -35,6 +35,9 @@ type IdempotentConsumer struct {
 }
 
 // IdempotentConsumerSpec is the desired state of an IdempotentConsumer.
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.upsert) || (self.sink.effect.upsert.table != self.sink.inbox.table && self.sink.effect.upsert.table != (has(self.delivery) && has(self.delivery.deadLetter) ? self.delivery.deadLetter.table : self.sink.inbox.table + '_dead_letters'))",message="the effect table must not be the inbox table or the dead-letter table",fieldPath=".sink.effect.upsert.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.append) || (self.sink.effect.append.table != self.sink.inbox.table && self.sink.effect.append.table != (has(self.delivery) && has(self.delivery.deadLetter) ? self.delivery.deadLetter.table : self.sink.inbox.table + '_dead_letters'))",message="the effect table must not be the inbox table or the dead-letter table",fieldPath=".sink.effect.append.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.delivery) || !has(self.delivery.deadLetter) || self.delivery.deadLetter.table != self.sink.inbox.table",message="the dead-letter table must not be the inbox table",fieldPath=".delivery.deadLetter.table"
 type IdempotentConsumerSpec struct {
 	// suspend scales the runtime consumer to zero replicas. Pruning goes on.
 	// +optional

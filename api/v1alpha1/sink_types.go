@@ -24,6 +24,7 @@ type PostgresSpec struct {
 	// missing. Immutable.
 	// +kubebuilder:default=public
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="schema is immutable"
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('pg_') && self != 'information_schema'",message="schema must not be a system schema (pg_catalog, information_schema, pg_*)"
 	// +optional
 	Schema SQLIdentifier `json:"schema,omitempty"`
 }
@@ -131,9 +132,11 @@ type AppendEffect struct {
 type SQLEffect struct {
 	// statement with :name parameters, e.g.
 	// "UPDATE accounts SET balance = balance + :amount WHERE id = :id".
-	// Values are bound as parameters, never concatenated.
+	// Values are bound as parameters, never concatenated. One command only
+	// (a ';' outside quotes followed by more text is refused).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=8192
+	// +kubebuilder:validation:XValidation:rule=`!self.matches('^([^;\'"]|\'[^\']*\'|"[^"]*")*;\\s*[^;\\s]')`,message="statement must hold exactly one command (no ';' followed by another statement)"
 	// +required
 	Statement string `json:"statement"`
 	// params maps parameter names to value expressions.
@@ -152,6 +155,7 @@ type HTTPEffect struct {
 	// url to call.
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://[^ /]+')",message="url must be an http:// or https:// URL"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@')",message="url must not carry credentials (user info); use a Secret"
 	// +required
 	URL string `json:"url"`
 	// method is POST (default), PUT or PATCH.

@@ -22,6 +22,7 @@ type NATSJetStreamSource struct {
 	// url of the NATS server, e.g. nats://nats:4222.
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(nats|tls|ws|wss)://.+')",message="url must start with nats://, tls://, ws:// or wss://"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('(^|,)[ ]*[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#,]*@')",message="url must not carry credentials (user info); use credentialsSecretRef"
 	// +required
 	URL string `json:"url"`
 	// stream name.
@@ -121,6 +122,7 @@ type RabbitMQSource struct {
 	// taken from the AMQP URI.
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule="self.matches('^https?://.+')",message="managementURL must be an http:// or https:// URL"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@')",message="managementURL must not carry credentials (user info); they are taken from the AMQP URI Secret"
 	// +optional
 	ManagementURL string `json:"managementURL,omitempty"`
 	// consumerTimeout is the broker's consumer_timeout (the lease of an

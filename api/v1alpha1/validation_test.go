@@ -213,6 +213,43 @@ var _ = Describe("invalid resources", func() {
 		"rabbitmq prefetch zero": {func(o *unstructured.Unstructured) {
 			set(o, "spec.source", m{"rabbitmq": m{"uriSecretRef": m{"name": "r", "key": "uri"}, "queue": "q", "prefetch": 0}})
 		}, "spec.source.rabbitmq.prefetch", "should be greater than or equal to 1"},
+		"upsert table equal to the inbox table": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect.upsert.table", "inbox_orders_projector")
+		}, "spec.sink.effect.upsert.table", "must not be the inbox table or the dead-letter table"},
+		"upsert table equal to the default dead-letter table": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect.upsert.table", "inbox_orders_projector_dead_letters")
+		}, "spec.sink.effect.upsert.table", "must not be the inbox table or the dead-letter table"},
+		"append table equal to the declared dead-letter table": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect", m{"append": m{"table": "failed", "columns": m{"a": "$.a"}}})
+			set(o, "spec.delivery.deadLetter", m{"table": "failed"})
+		}, "spec.sink.effect.append.table", "must not be the inbox table or the dead-letter table"},
+		"dead-letter table equal to the inbox table": {func(o *unstructured.Unstructured) {
+			set(o, "spec.delivery.deadLetter", m{"table": "inbox_orders_projector"})
+		}, "spec.delivery.deadLetter.table", "the dead-letter table must not be the inbox table"},
+		"schema pg_catalog": {func(o *unstructured.Unstructured) { set(o, "spec.sink.postgres.schema", "pg_catalog") },
+			"spec.sink.postgres.schema", "must not be a system schema"},
+		"schema information_schema": {func(o *unstructured.Unstructured) { set(o, "spec.sink.postgres.schema", "information_schema") },
+			"spec.sink.postgres.schema", "must not be a system schema"},
+		"schema with the pg_ prefix": {func(o *unstructured.Unstructured) { set(o, "spec.sink.postgres.schema", "pg_toast") },
+			"spec.sink.postgres.schema", "must not be a system schema"},
+		"http url with credentials": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect", m{"http": m{"url": "https://svc:s3cret@billing/charge"}})
+		}, "spec.sink.effect.http.url", "must not carry credentials"},
+		"nats url with credentials": {func(o *unstructured.Unstructured) {
+			set(o, "spec.source.natsJetStream.url", "nats://user:s3cret@nats:4222")
+		}, "spec.source.natsJetStream.url", "must not carry credentials"},
+		"nats url list with credentials in the second": {func(o *unstructured.Unstructured) {
+			set(o, "spec.source.natsJetStream.url", "nats://a:4222,nats://token@b:4222")
+		}, "spec.source.natsJetStream.url", "must not carry credentials"},
+		"rabbitmq managementURL with credentials": {func(o *unstructured.Unstructured) {
+			set(o, "spec.source", m{"rabbitmq": m{"uriSecretRef": m{"name": "r", "key": "uri"}, "queue": "q", "managementURL": "http://guest:guest@rabbit:15672"}})
+		}, "spec.source.rabbitmq.managementURL", "must not carry credentials"},
+		"sql statement with two commands": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect", m{"sql": m{"statement": "UPDATE a SET n = :n; DELETE FROM a", "params": m{"n": "$.n"}}})
+		}, "spec.sink.effect.sql.statement", "exactly one command"},
+		"sql statement with a command after a quoted ';'": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect", m{"sql": m{"statement": "UPDATE a SET s = ';' WHERE id = :id;DROP TABLE a", "params": m{"id": "$.id"}}})
+		}, "spec.sink.effect.sql.statement", "exactly one command"},
 		"redis address without port": {func(o *unstructured.Unstructured) {
 			set(o, "spec.source", m{"redisStreams": m{"address": "redis", "stream": "s", "group": "g"}})
 		}, "spec.source.redisStreams.address", "should match"},
@@ -261,6 +298,23 @@ var _ = Describe("invalid resources", func() {
 			Expect(err.Error()).To(ContainSubstring("is immutable"))
 		})
 	}
+
+	It("accepts one sql command with ';' only in literals, identifiers or at the end, and URLs whose '@' is not user info", func() {
+		for _, stmt := range []string{
+			"UPDATE a SET s = 'x;y' WHERE id = :id",
+			`UPDATE "odd;name" SET n = n + 1 WHERE id = :id;`,
+			"UPDATE a SET s = 'it''s; fine' WHERE id = :id ;  ",
+		} {
+			obj := base()
+			set(obj, "spec.sink.effect", m{"sql": m{"statement": stmt, "params": m{"id": "$.id"}}})
+			Expect(k8sClient.Create(ctx, obj)).To(Succeed(), stmt)
+			DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+		}
+		obj := base()
+		set(obj, "spec.sink.effect", m{"http": m{"url": "https://billing/charge?by=ops@example.com"}})
+		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
+		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+	})
 
 	It("still allows changing mutable fields", func() {
 		obj := base()
