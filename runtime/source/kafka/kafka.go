@@ -76,6 +76,23 @@ type Option func(*options)
 
 type options struct {
 	extra []kgo.Opt
+	// fetchBytes bounds one fetch response (0: franz-go's 50 MiB default).
+	fetchBytes int32
+}
+
+// assumedRecordBytes sizes fetches from a record count: a fetch response
+// of SizedUnacked records of about this size. A larger record is still
+// returned (Kafka always returns at least the first record of a partition).
+const assumedRecordBytes = 2048
+
+// WithDelivery sizes fetch responses to what one replica holds in flight
+// (2 x batchSize x inFlight records of about 2 KiB, 1-50 MiB) instead of
+// franz-go's 50 MiB, so memory follows the batch size; polls already take
+// batchSize records.
+func WithDelivery(d config.Delivery) Option {
+	return func(o *options) {
+		o.fetchBytes = int32(min(max(d.SizedUnacked(1)*assumedRecordBytes, 1<<20), 50<<20))
+	}
 }
 
 // WithClientOptions appends franz-go options (after the ones New derives
@@ -96,6 +113,9 @@ func New(ctx context.Context, cfg *config.Kafka, logger logr.Logger, opts ...Opt
 	kopts, err := clientOptions(cfg, log)
 	if err != nil {
 		return nil, err
+	}
+	if o.fetchBytes > 0 {
+		kopts = append(kopts, kgo.FetchMaxBytes(o.fetchBytes), kgo.FetchMaxPartitionBytes(o.fetchBytes))
 	}
 	cl, err := kgo.NewClient(append(kopts, o.extra...)...)
 	if err != nil {

@@ -44,7 +44,7 @@ func Open(ctx context.Context, cfg *config.Config, logger logr.Logger, consumerN
 	case s.NATSJetStream != nil:
 		return wrap(jetstream.New(ctx, s.NATSJetStream, logger, jetstream.WithClientName(clientName), jetstream.WithDelivery(cfg.Delivery)))
 	case s.Kafka != nil:
-		return wrap(kafka.New(ctx, s.Kafka, logger, kafka.WithClientOptions(kgo.ClientID(clientName))))
+		return wrap(kafka.New(ctx, s.Kafka, logger, kafka.WithClientOptions(kgo.ClientID(clientName)), kafka.WithDelivery(cfg.Delivery)))
 	case s.RabbitMQ != nil:
 		return wrap(rabbitmq.New(ctx, s.RabbitMQ, logger, rabbitmq.WithConnectionName(clientName)))
 	case s.RedisStreams != nil:
