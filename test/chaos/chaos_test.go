@@ -137,8 +137,10 @@ func baseConfig(s *stream, consumer, inboxTable string) *config.Config {
 		Message: config.Message{ID: config.Extractor{JSONPath: "$.eventId"}},
 		Sink:    config.Sink{DSNEnv: dsnEnv, Schema: "chaos", InboxTable: inboxTable, Layout: config.LayoutTable},
 		// Small batches: every message crosses more commit/ack boundaries and
-		// replicas interleave more.
-		Delivery: config.Delivery{BatchSize: 20, MaxWait: config.Duration{Duration: 100 * time.Millisecond},
+		// replicas interleave more. Four transactions in flight per replica:
+		// kills land between the commit and the ack of one lane while the
+		// others are mid-transaction, and Fetch overlaps them.
+		Delivery: config.Delivery{BatchSize: 20, InFlight: 4, Replicas: 3, MaxWait: config.Duration{Duration: 100 * time.Millisecond},
 			BackoffInitial: config.Duration{Duration: 20 * time.Millisecond}, BackoffMax: config.Duration{Duration: 500 * time.Millisecond}},
 		Retention: config.Retention{Mode: "Explicit", Window: config.Duration{Duration: time.Hour}},
 	}
