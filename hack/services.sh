@@ -40,4 +40,9 @@ if [[ $mode == ensure ]] && command -v rabbitmq-plugins >/dev/null; then
     for _ in $(seq 1 30); do up 127.0.0.1 15672 && break; sleep 1; done
   fi
 fi
+# Checked in both modes: retention reads RabbitMQ through its management API.
+if ! up 127.0.0.1 15672; then
+  echo "the RabbitMQ management API is not listening on 127.0.0.1:15672; enable it with: make services" >&2
+  failed=1
+fi
 exit $failed
