@@ -201,6 +201,9 @@ up() {
     if ss -ltnH "sport = :$p" | grep -q .; then die "port $p is taken by another process: is another node running (hack/node.sh status, or a clone elsewhere)?"; fi
   done
   ensure_packages
+  # The services the pods use must run before the forwards bind the bridge
+  # IP (a service that binds every interface after them would fail).
+  "$root/hack/services.sh" ensure >&2 || die "the local services are not all up (hack/services.sh)"
   t0=$(date +%s)
   local envbin nodebin
   envbin=$("$root/hack/build-envtest.sh")
@@ -275,9 +278,15 @@ up() {
 
   for port in "${FORWARDS[@]}"; do
     alive "forward-$port" && continue
+    # A service that listens on every interface (RabbitMQ's management
+    # plugin does by default) is reachable on the bridge already.
+    if (exec 3<>"/dev/tcp/$GW/$port") 2>/dev/null; then
+      log "port $port already answers on $GW (the service listens on all interfaces): no forward"
+      continue
+    fi
     start "forward-$port" "$(command -v socat)" "TCP-LISTEN:$port,bind=$GW,fork,reuseaddr" "TCP:127.0.0.1:$port"
   done
-  waitfor "host services forwarded on $GW" 10 bash -c "for p in ${FORWARDS[*]}; do (exec 3<>/dev/tcp/$GW/\$p) || exit 1; done"
+  waitfor "host services reachable on $GW" 10 bash -c "for p in ${FORWARDS[*]}; do (exec 3<>/dev/tcp/$GW/\$p) || exit 1; done"
   "$B/kubectl" get nodes -o wide >&2
   echo "$K/admin.kubeconfig"
 }
@@ -297,7 +306,7 @@ kube_chains_down() {
   local ipt t rule ch
   for ipt in iptables ip6tables; do
     for t in mangle nat filter; do
-      "$ipt-save" -t $t 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | sed 's/^-A /-D /' | while read -r rule; do
+      { "$ipt-save" -t $t 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' || true; } | sed 's/^-A /-D /' | while read -r rule; do
         eval "$ipt -t $t $rule" 2>/dev/null || true
       done
       for ch in $("$ipt-save" -t $t 2>/dev/null | awk -F'[: ]' '/^:KUBE-/{print $2}'); do
@@ -334,22 +343,22 @@ down() {
   rm -rf "$V/cni-ipam"
   # Mounts under the node directory (kubelet root bind mount, volumes,
   # containerd overlay snapshots), deepest first.
-  awk '{print $5}' /proc/self/mountinfo | grep "^$N/" | sort -r | while read -r m; do
+  { awk '{print $5}' /proc/self/mountinfo | grep "^$N/" || true; } | sort -r | while read -r m; do
     umount "$m" 2>/dev/null || umount -l "$m" || true
   done
   # kubepods cgroups (cgroup v1), leaf first.
   for sub in /sys/fs/cgroup/*/; do
-    [[ -d ${sub}kubepods ]] && find "${sub}kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    if [[ -d ${sub}kubepods ]]; then find "${sub}kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
   done
   for l in /var/log/containers/*; do
-    [[ -L $l ]] && readlink "$l" | grep -q "^$V/log/pods" && rm -f "$l"
+    if [[ -L $l ]] && readlink "$l" | grep -q "^$V/log/pods"; then rm -f "$l"; fi
   done
   # Paths the kubelet and libcni hard-wire outside --root-dir.
   rm -f /var/lib/kubelet/device-plugins/kubelet.sock
   for d in /var/lib/kubelet/device-plugins /var/lib/kubelet /var/lib/cni/results /var/lib/cni /var/log/containers; do
     rmdir "$d" 2>/dev/null || true
   done
-  ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE"; fi
   guard_down
   if [[ -f $ST/ip_forward.orig ]]; then
     cat "$ST/ip_forward.orig" >/proc/sys/net/ipv4/ip_forward
