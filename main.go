@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -76,13 +75,11 @@ func run() error {
 	if secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
-	cacheOpts := cache.Options{}
-	if watchNamespaces != "" {
-		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range strings.Split(watchNamespaces, ",") {
-			cacheOpts.DefaultNamespaces[strings.TrimSpace(ns)] = cache.Config{}
-		}
+	namespaces, err := controllers.WatchNamespaces(watchNamespaces)
+	if err != nil {
+		return err
 	}
+	cacheOpts := cache.Options{DefaultNamespaces: namespaces}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
