@@ -201,7 +201,7 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, idc *messagingv1alpha1
 		return err
 	}
 	r.readLastPrune(ctx, idc, rc, secrets)
-	return nil
+	return r.reconcileRedrive(ctx, idc, rc, secrets, runtimeImageFor(idc, r.opts.RuntimeImage))
 }
 
 func (r *Reconciler) reconcileInbox(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) error {
@@ -447,9 +447,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("idempotentconsumer").
-		For(&messagingv1alpha1.IdempotentConsumer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&messagingv1alpha1.IdempotentConsumer{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, redriveAnnotationChanged))).
 		Owns(&appsv1.Deployment{}).
 		Owns(&batchv1.CronJob{}).
+		Owns(&batchv1.Job{}).
 		Owns(&corev1.ConfigMap{}).
 		// Only Secret metadata is cached: enough to map a change to its
 		// consumers; the data is read on demand.

@@ -1,0 +1,255 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+)
+
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;delete
+
+const (
+	componentRedrive = "redrive"
+	// labelRedriveToken carries a hash of the token (label values are
+	// short and restricted); the token itself is an annotation of the Job.
+	labelRedriveToken = "messaging.idempotency.dev/redrive-token-hash"
+	// maxJobName keeps the Job's name usable as the job-name label of its pods.
+	maxJobName = 63
+
+	eventRedriveStarted  = "RedriveStarted"
+	eventRedriveFinished = "RedriveFinished"
+	eventRedriveFailed   = "RedriveFailed"
+)
+
+// redriveReasonClasses are the values the reason annotation accepts (the
+// dead-letter reason classes).
+var redriveReasonClasses = []string{"missing_id", "invalid_id", "invalid_json", "evaluation", "database", "http"}
+
+// RedriveReader reads what a redrive run recorded; PostgresInbox implements
+// it. An InboxClient without it leaves the counts of status.lastRedrive at 0.
+type RedriveReader interface {
+	RedriveSummary(ctx context.Context, dsn string, sink config.Sink, run string) (inbox.RedriveSummary, error)
+}
+
+// RedriveSummary implements RedriveReader.
+func (p *PostgresInbox) RedriveSummary(ctx context.Context, dsn string, sink config.Sink, run string) (inbox.RedriveSummary, error) {
+	var sum inbox.RedriveSummary
+	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
+		var err error
+		sum, err = s.RedriveSummary(ctx, run)
+		return err
+	})
+	return sum, err
+}
+
+func tokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])[:10]
+}
+
+// redriveJobName is <name>-redrive-<hash of the token>, the name cut so
+// the whole stays within 63 characters.
+func redriveJobName(idc *messagingv1alpha1.IdempotentConsumer, token string) string {
+	suffix := "-redrive-" + tokenHash(token)
+	name := idc.Name
+	if len(name)+len(suffix) > maxJobName {
+		name = name[:maxJobName-len(suffix)]
+	}
+	return name + suffix
+}
+
+// renderRedriveJob renders the Job of one token from the prune job's pod
+// template (same image, config, Secrets and security context).
+func renderRedriveJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, image, secretsHash, token, reason string) *batchv1.Job {
+	args := []string{"redrive", "--config", configMountPath + "/" + configKey, "--run", token}
+	if reason != "" {
+		args = append(args, "--reason", reason)
+	}
+	container := corev1.Container{Name: componentRedrive, Command: []string{runtimeBinary}, Args: args}
+	spec := podSpec(idc, image, rc, container)
+	// Redrive is safe to repeat: a failed pod is retried by the Job.
+	spec.RestartPolicy = corev1.RestartPolicyOnFailure
+	l := labelsFor(idc, componentRedrive)
+	l[labelRedriveToken] = tokenHash(token)
+	return &batchv1.Job{
+		TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
+		ObjectMeta: metav1.ObjectMeta{Name: redriveJobName(idc, token), Namespace: idc.Namespace, Labels: l,
+			Annotations: map[string]string{messagingv1alpha1.AnnotationRedrive: token}},
+		Spec: batchv1.JobSpec{
+			BackoffLimit:            ptr.To(int32(3)),
+			TTLSecondsAfterFinished: ptr.To(int32(86400)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: l, Annotations: podAnnotations(idc, rc, secretsHash)},
+				Spec:       spec,
+			},
+		},
+	}
+}
+
+// jobFinished says whether the Job ended and whether it succeeded.
+func jobFinished(j *batchv1.Job) (finished, succeeded bool) {
+	for _, c := range j.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete:
+			return true, true
+		case batchv1.JobFailed:
+			return true, false
+		}
+	}
+	return false, false
+}
+
+// redriveStatusFromSummary fills the counts of st from the recorded run.
+func redriveStatusFromSummary(st *messagingv1alpha1.RedriveRunStatus, sum inbox.RedriveSummary) {
+	n := func(outcome string) int32 { return int32(sum.Outcomes[outcome]) }
+	st.Selected = int32(sum.Total())
+	st.Applied, st.Duplicates, st.Stale = n("applied"), n("duplicate"), n("stale")
+	st.StillFailing, st.Unusable = n("still_failing"), n("unusable")
+}
+
+// reconcileRedrive runs the redrive the annotation asks for: one Job per
+// token, never two at once for one resource. status.lastRedrive remembers
+// the token from the moment its Job is created, so a Job deleted after it
+// finished is never run again.
+func (r *Reconciler) reconcileRedrive(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, image string) error {
+	var list batchv1.JobList
+	if err := r.client.List(ctx, &list, client.InNamespace(idc.Namespace), client.MatchingLabels{
+		"app.kubernetes.io/instance": idc.Name, "app.kubernetes.io/component": componentRedrive,
+	}); err != nil {
+		return fmt.Errorf("listing redrive Jobs: %w", err)
+	}
+	jobs := map[string]*batchv1.Job{}
+	var active *batchv1.Job
+	for i := range list.Items {
+		j := &list.Items[i]
+		if !metav1.IsControlledBy(j, idc) {
+			continue
+		}
+		jobs[j.Name] = j
+		if done, _ := jobFinished(j); !done {
+			active = j
+		}
+	}
+	token := idc.Annotations[messagingv1alpha1.AnnotationRedrive]
+	// The Jobs are the truth, status a record of them that a pass on a
+	// stale cache may lag behind: adopt the Job that runs, else the Job of
+	// the token asked for, before finishing or starting anything.
+	adopt := active
+	if adopt == nil && token != "" {
+		adopt = jobs[redriveJobName(idc, token)]
+	}
+	if adopt != nil {
+		if t := adopt.Annotations[messagingv1alpha1.AnnotationRedrive]; idc.Status.LastRedrive == nil || idc.Status.LastRedrive.Token != t {
+			idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: t, Phase: messagingv1alpha1.RedriveRunning, Job: adopt.Name}
+		}
+	}
+	if err := r.finishRedrive(ctx, idc, rc, secrets, jobs); err != nil {
+		return err
+	}
+	if token == "" || (idc.Status.LastRedrive != nil && idc.Status.LastRedrive.Token == token) || active != nil {
+		// Nothing new, or a Job still runs: its end brings us back.
+		return nil
+	}
+	reason := idc.Annotations[messagingv1alpha1.AnnotationRedriveReason]
+	if reason != "" && !slices.Contains(redriveReasonClasses, reason) {
+		msg := fmt.Sprintf("annotation %s: %q is not a reason class (one of %v); nothing was redriven",
+			messagingv1alpha1.AnnotationRedriveReason, reason, redriveReasonClasses)
+		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: msg}
+		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
+		return nil
+	}
+	job := renderRedriveJob(idc, rc, image, secrets.hash, token, reason)
+	if err := controllerutil.SetControllerReference(idc, job, r.scheme); err != nil {
+		return fmt.Errorf("owning redrive Job %s: %w", job.Name, err)
+	}
+	switch err := r.client.Create(ctx, job); {
+	case apierrors.IsAlreadyExists(err):
+		// Created by a pass whose Job the cache has not shown yet.
+	case err != nil:
+		return fmt.Errorf("creating redrive Job %s: %w", job.Name, err)
+	default:
+		r.recorder.Eventf(idc, job, corev1.EventTypeNormal, eventRedriveStarted, "Redrive",
+			"redrive %q started as Job %s (reason filter %q)", token, job.Name, reason)
+	}
+	idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveRunning, Job: job.Name}
+	return nil
+}
+
+// finishRedrive fills status.lastRedrive once its Job ended: the counts
+// from <inbox>_redrives and an event.
+func (r *Reconciler) finishRedrive(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, jobs map[string]*batchv1.Job) error {
+	st := idc.Status.LastRedrive
+	if st == nil || st.Phase != messagingv1alpha1.RedriveRunning {
+		return nil
+	}
+	j, ok := jobs[st.Job]
+	if !ok {
+		next := st.DeepCopy()
+		next.Phase, next.Message = messagingv1alpha1.RedriveFailed, fmt.Sprintf("Job %s is gone before it finished", st.Job)
+		idc.Status.LastRedrive = next
+		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "redrive %q: %s", st.Token, next.Message)
+		return nil
+	}
+	done, succeeded := jobFinished(j)
+	if !done {
+		return nil
+	}
+	next := st.DeepCopy()
+	if rr, ok := r.opts.Inbox.(RedriveReader); ok {
+		sum, err := rr.RedriveSummary(ctx, secrets.getenv(envPostgresDSN), rc.Config.Sink, st.Token)
+		if err != nil {
+			_, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
+			return fmt.Errorf("reading redrive %q: %s", st.Token, msg)
+		}
+		redriveStatusFromSummary(next, sum)
+	}
+	finished := metav1.NewTime(r.opts.Clock.Now().UTC())
+	if t := j.Status.CompletionTime; t != nil {
+		finished = *t
+	}
+	next.Time = &finished
+	if succeeded {
+		next.Phase = messagingv1alpha1.RedriveSucceeded
+		r.recorder.Eventf(idc, j, corev1.EventTypeNormal, eventRedriveFinished, "Redrive",
+			"redrive %q: %d selected, %d applied, %d duplicates, %d stale, %d still failing, %d without a usable id",
+			st.Token, next.Selected, next.Applied, next.Duplicates, next.Stale, next.StillFailing, next.Unusable)
+	} else {
+		next.Phase, next.Message = messagingv1alpha1.RedriveFailed, fmt.Sprintf("Job %s failed; see its pods' logs", j.Name)
+		r.recorder.Eventf(idc, j, corev1.EventTypeWarning, eventRedriveFailed, "Redrive",
+			"redrive %q: Job %s failed after %d applied; see its pods' logs", st.Token, j.Name, next.Applied)
+	}
+	idc.Status.LastRedrive = next
+	return nil
+}
+
+// redriveAnnotationChanged passes updates that change the redrive
+// annotations, which GenerationChangedPredicate does not see.
+var redriveAnnotationChanged = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
+		return o[messagingv1alpha1.AnnotationRedrive] != n[messagingv1alpha1.AnnotationRedrive] ||
+			o[messagingv1alpha1.AnnotationRedriveReason] != n[messagingv1alpha1.AnnotationRedriveReason]
+	},
+}
