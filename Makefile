@@ -43,11 +43,12 @@ help: ## Show this help.
 manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/..." paths="./controllers/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	sed -i 's/^  newTag: .*/  newTag: $(VERSION)/' config/manager/kustomization.yaml
-	@# The Helm chart's CRD and RBAC rules are copies of these generated files
-	@# (test/helmchart fails when they drift), and it follows VERSION.
-	rm -f $(CHART)/crds/*.yaml $(CHART)/files/rbac/*.yaml
+	@# The Helm chart's CRD, RBAC rules, alerts and dashboard are copies of the
+	@# files under config/ (test/helmchart fails when they drift); it follows VERSION.
+	rm -f $(CHART)/crds/*.yaml $(CHART)/files/rbac/*.yaml $(CHART)/files/prometheus/*
 	cp config/crd/bases/*.yaml $(CHART)/crds/
 	cp config/rbac/*role.yaml $(CHART)/files/rbac/
+	cp config/prometheus/rules.yaml config/prometheus/dashboard.json $(CHART)/files/prometheus/
 	sed -i -e 's/^version: .*/version: $(VERSION)/' -e 's/^appVersion: .*/appVersion: "$(VERSION)"/' $(CHART)/Chart.yaml
 
 .PHONY: generate
