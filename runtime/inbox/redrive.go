@@ -175,9 +175,9 @@ func (r RedriveSummary) Total() int {
 }
 
 // RedriveSummary reads the counts of run from <inbox>_redrives.
-func (s *Store) RedriveSummary(ctx context.Context, q Querier, run string) (RedriveSummary, error) {
+func (s *Store) RedriveSummary(ctx context.Context, run string) (RedriveSummary, error) {
 	sum := RedriveSummary{Run: run, Outcomes: map[string]int{}}
-	rows, err := q.Query(ctx, `SELECT outcome, count(*), max(redriven_at) FROM `+s.redrives+`
+	rows, err := s.pool.Query(ctx, `SELECT outcome, count(*), max(redriven_at) FROM `+s.redrives+`
 		WHERE run = $1 GROUP BY outcome`, run)
 	if err != nil {
 		return sum, fmt.Errorf("while reading redrive run %q: %w", run, err)

@@ -147,7 +147,7 @@ func TestRedriveOutcomes(t *testing.T) {
 			if n := f.count(t, "SELECT count(*) FROM app.inbox_orders WHERE message_id = 'e-bad'"); n != 0 {
 				t.Error("the failing message was left claimed in the inbox")
 			}
-			sum, err := f.store.RedriveSummary(ctx, f.pool, "r1")
+			sum, err := f.store.RedriveSummary(ctx, "r1")
 			if err != nil || sum.Total() != 5 || sum.Outcomes["stale"] != 1 || sum.Last.IsZero() {
 				t.Errorf("summary = %+v, %v", sum, err)
 			}
