@@ -61,6 +61,9 @@ type Consumer struct {
 	// holding counts settle calls (lanes) currently holding; the hold ends
 	// when the last of them commits.
 	holding atomic.Int32
+	// holdLogged is the highest hold step logged, so lanes holding together
+	// log each backoff step once.
+	holdLogged atomic.Int64
 }
 
 // New builds the loop from the config. metrics may be nil (then they are

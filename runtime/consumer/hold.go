@@ -34,8 +34,25 @@ func (c *Consumer) hold(reason string, cause error, step int, wait time.Duration
 		}
 		c.metrics.SinkMisconfigured.WithLabelValues(r).Set(v)
 	}
+	if !c.firstToLog(step) {
+		return
+	}
 	c.log.Error(cause, "Sink misconfigured; holding: no fetch, no ack, no dead letter until it is fixed",
 		"reason", reason, "step", step, "retryIn", wait.Round(time.Millisecond), "heldFor", time.Since(h.since).Round(time.Second))
+}
+
+// firstToLog reports whether step is the first of its number to be logged
+// during this hold (every holding lane reaches each step).
+func (c *Consumer) firstToLog(step int) bool {
+	for {
+		logged := c.holdLogged.Load()
+		if int64(step) <= logged {
+			return false
+		}
+		if c.holdLogged.CompareAndSwap(logged, int64(step)) {
+			return true
+		}
+	}
 }
 
 // leaveHold: a lane that held has committed. The hold ends when no other
@@ -49,6 +66,7 @@ func (c *Consumer) leaveHold() {
 // releaseHold ends a hold after a commit went through.
 func (c *Consumer) releaseHold() {
 	h := c.held.Swap(nil)
+	c.holdLogged.Store(0)
 	if h == nil {
 		return
 	}
