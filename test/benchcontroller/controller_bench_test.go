@@ -27,7 +27,7 @@ const (
 	secretName    = "bench-db"
 	inboxSchema   = "projections"
 	streamMaxAge  = 48 * time.Hour
-	tablesPerIDC  = 4 // inbox, dead letters, prune runs, meta
+	tablesPerIDC  = 6 // the effect table (created up front, as a service's migration would), inbox, dead letters, prune runs, redrives, meta
 	defaultN      = 300
 	defaultWithin = 12 * time.Minute
 )
@@ -115,6 +115,7 @@ func BenchmarkController(b *testing.B) {
 	// Registered first, cleaned up last: the manager stops, then envtest,
 	// then the stream is deleted and the database dropped.
 	dsn := newDatabase(b)
+	s.createEffectTables(b, dsn)
 	stream, subjectPrefix := newStream(b, streamMaxAge)
 	bin := buildManager(b, dir)
 	cl := startCluster(b, dir)

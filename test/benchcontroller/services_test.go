@@ -70,6 +70,31 @@ func dropDatabase(b *testing.B, name string) {
 	}
 }
 
+// createEffectTables creates each resource's upsert table, as the
+// service's migration would before its consumer is deployed (the
+// controller's EffectReady preflight holds the runtime at 0 replicas
+// without it).
+func (s settings) createEffectTables(b *testing.B, dsn string) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		b.Fatalf("while connecting to create the effect tables: %v", err)
+	}
+	defer conn.Close(context.Background())
+	stmts := []string{"CREATE SCHEMA " + pgx.Identifier{inboxSchema}.Sanitize()}
+	for i := range s.resources {
+		table := pgx.Identifier{inboxSchema, "orders_" + strings.ReplaceAll(resourceName(i), "-", "_")}.Sanitize()
+		stmts = append(stmts, "CREATE TABLE "+table+" (order_id text PRIMARY KEY, status text, version bigint)")
+	}
+	for _, stmt := range stmts {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			b.Fatalf("while running %q: %v", stmt, err)
+		}
+	}
+}
+
 // countTables counts the tables the controller provisioned in schema.
 func countTables(ctx context.Context, dsn, schema string) (int, error) {
 	conn, err := pgx.Connect(ctx, dsn)
