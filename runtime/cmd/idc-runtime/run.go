@@ -176,7 +176,7 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	}()
 	watched.Source = src
 	state.touch()
-	go ops.refresh(ctx, store, log)
+	go ops.refresh(ctx, cfg, store, log)
 	log.Info("Consuming", "source", cfg.Source.Kind(), "effect", cfg.Sink.Effect.Kind(),
 		"inbox", store.QualifiedInbox(), "layout", string(cfg.Sink.Layout))
 	if err := c.Run(ctx); err != nil {
