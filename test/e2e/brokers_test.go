@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -250,7 +253,15 @@ func (s *suite) waitApplied(ctx context.Context, t *testing.T, table, inbox stri
 // kill test) goes Ready from kubelet-run pods and applies each id once.
 func (s *suite) everyBroker(ctx context.Context, t *testing.T) {
 	s.secret(ctx, t, "e2e-db", map[string]string{"dsn": localcluster.PodDSN(s.dsn())})
-	s.secret(ctx, t, "e2e-rabbitmq", map[string]string{"uri": "amqp://guest:guest@" + localcluster.BridgeIP + ":5672/"})
+	// RabbitMQ's guest may only log in from localhost; pods reach the
+	// management API from their own IPs, so the test makes a user, as a
+	// platform team would.
+	rabbitPass := "e2e-" + s.suffix
+	if err := rabbitUser(ctx, "idc-e2e", rabbitPass); err != nil {
+		t.Fatal(err)
+	}
+	s.parent.Cleanup(func() { _ = rabbitAPI(context.Background(), http.MethodDelete, "/api/users/idc-e2e", nil) })
+	s.secret(ctx, t, "e2e-rabbitmq", map[string]string{"uri": "amqp://idc-e2e:" + rabbitPass + "@" + localcluster.BridgeIP + ":5672/"})
 
 	// RabbitMQ: a durable queue the test declares (the service owns it).
 	queue := "idc-e2e-" + s.suffix
@@ -329,6 +340,43 @@ func (s *suite) everyBroker(ctx context.Context, t *testing.T) {
 			t.Fatalf("%s: not exactly one effect per id: %+v", c.table, v)
 		}
 	}
+}
+
+// rabbitUser creates (or updates) a RabbitMQ user with the monitoring tag
+// (the retention reader needs it) and full permissions on vhost "/".
+func rabbitUser(ctx context.Context, user, pass string) error {
+	if err := rabbitAPI(ctx, http.MethodPut, "/api/users/"+user, map[string]string{"password": pass, "tags": "monitoring"}); err != nil {
+		return err
+	}
+	return rabbitAPI(ctx, http.MethodPut, "/api/permissions/%2F/"+user, map[string]string{"configure": ".*", "write": ".*", "read": ".*"})
+}
+
+// rabbitAPI calls the local management API as guest (from localhost).
+func rabbitAPI(ctx context.Context, method, path string, body any) error {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:15672"+path, r)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth("guest", "guest")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("RabbitMQ management API: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode >= 300 {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("RabbitMQ management API %s %s: %s %s", method, path, resp.Status, b)
+	}
+	return nil
 }
 
 // podKilledUnderLoad: a JetStream -> append consumer with 2 replicas; one
