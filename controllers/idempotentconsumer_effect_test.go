@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -19,6 +21,18 @@ import (
 func TestEffectPreflight(t *testing.T) {
 	upsert := config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"}, SequenceColumn: "version",
 		Columns: map[string]string{"order_id": "$.orderId", "status": "$.status", "version": "$.version"}}}
+	t.Cleanup(func() {
+		// After every subtest's database is gone, the role owns nothing.
+		conn, err := pgx.Connect(context.Background(), pgtest.AdminDSN())
+		if err != nil {
+			t.Errorf("dropping the test role: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP ROLE IF EXISTS idc_preflight_role"); err != nil {
+			t.Errorf("dropping the test role: %v", err)
+		}
+	})
 	for _, tc := range []struct {
 		name     string
 		effect   config.Effect
