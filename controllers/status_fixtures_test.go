@@ -53,8 +53,9 @@ func fixtureScenarios() []fixtureScenario {
 	effect := ok(messagingv1alpha1.ReasonReady, "table projections.orders has every mapped column, a unique key on (order_id) and the privileges the upsert needs")
 	runtime := ok(messagingv1alpha1.ReasonReady, "2/2 replicas available")
 	prune := ok(messagingv1alpha1.ReasonScheduled, "the prune CronJob runs on \"*/30 * * * *\" with window 49h")
+	limits := ok(messagingv1alpha1.ReasonLimitsFit, "broker-side limits hold replicas (2) x batchSize (500) x inFlight (2)")
 	ready := func(mod func(o *observation)) *observation {
-		o := &observation{secrets: secrets, inbox: inbox, effect: effect, retention: retention, runtime: runtime, prune: prune}
+		o := &observation{secrets: secrets, inbox: inbox, effect: effect, retention: retention, runtime: runtime, prune: prune, brokerLimits: limits}
 		if mod != nil {
 			mod(o)
 		}
@@ -76,6 +77,9 @@ func fixtureScenarios() []fixtureScenario {
 		})},
 		{name: "ready-prune-suspended", obs: ready(func(o *observation) {
 			o.prune = failed(messagingv1alpha1.ReasonPruneSuspended, "the prune CronJob is suspended: spec.retention.prune.suspend is true")
+		})},
+		{name: "ready-broker-limit-too-small", obs: ready(func(o *observation) {
+			o.brokerLimits = failed(messagingv1alpha1.ReasonBrokerLimitTooSmall, "JetStream consumer orders-projector on stream ORDERS has MaxAckPending=100, below replicas (2) x batchSize (500) x inFlight (2) = 2000, so replicas wait for acknowledgements instead of fetching; raise it (nats consumer edit ORDERS orders-projector --max-pending 4000) or delete the consumer so the runtime creates one sized for the declared scale")
 		})},
 		{name: "suspended", suspend: true, obs: ready(func(o *observation) {
 			o.runtime = ok(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
