@@ -201,6 +201,7 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, idc *messagingv1alpha1
 		return err
 	}
 	r.readLastPrune(ctx, idc, rc, secrets)
+	r.readLag(ctx, idc, rc, secrets)
 	return r.reconcileRedrive(ctx, idc, rc, secrets, runtimeImageFor(idc, r.opts.RuntimeImage))
 }
 

@@ -117,6 +117,11 @@ type IdempotentConsumerStatus struct {
 	// lastPrune is the latest prune run recorded in the database.
 	// +optional
 	LastPrune *PruneRunStatus `json:"lastPrune,omitempty"`
+	// lag is the broker's backlog for this consumer (JetStream
+	// num_pending+num_ack_pending, Kafka partition lag, RabbitMQ
+	// ready+unacked, Redis XINFO GROUPS lag), read at each retention pass.
+	// +optional
+	Lag *int64 `json:"lag,omitempty"`
 	// lastRedrive is the latest redrive run through the
 	// messaging.idempotency.dev/redrive annotation.
 	// +optional

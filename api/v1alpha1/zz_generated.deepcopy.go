@@ -326,6 +326,11 @@ func (in *IdempotentConsumerStatus) DeepCopyInto(out *IdempotentConsumerStatus) 
 		*out = new(PruneRunStatus)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.Lag != nil {
+		in, out := &in.Lag, &out.Lag
+		*out = new(int64)
+		**out = **in
+	}
 	if in.LastRedrive != nil {
 		in, out := &in.LastRedrive, &out.LastRedrive
 		*out = new(RedriveRunStatus)
