@@ -124,15 +124,8 @@ func classify(err error) (failureKind, string) {
 	return failureMessages, ""
 }
 
-// isConnectionError reports whether err means the database (or the path to
-// it) is unavailable rather than that this batch is bad. Such failures never
-// count toward a message's attempts: the loop waits for the database instead
-// of dead-lettering healthy messages.
-func isConnectionError(err error) bool {
-	kind, _ := classify(err)
-	return kind == failureUnavailable
-}
-
+// isNetworkError: the path to the database failed (no SQLSTATE): such
+// failures never count toward a message's attempts.
 func isNetworkError(err error) bool {
 	var netErr net.Error
 	var connectErr *pgconn.ConnectError
