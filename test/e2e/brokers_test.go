@@ -115,7 +115,7 @@ func (s *suite) prepareSchema(ctx context.Context, dsn string) error {
 	defer func() { _ = conn.Close(context.Background()) }()
 	stmts := []string{"CREATE SCHEMA e2e"}
 	for _, b := range []string{"ledger", "rabbitmq", "redis", "kafka", "retained", "dropped"} {
-		stmts = append(stmts, fmt.Sprintf("CREATE TABLE e2e.events_%s (event_id text NOT NULL, n int NOT NULL)", b))
+		stmts = append(stmts, fmt.Sprintf("CREATE TABLE e2e.events_%s (event_id text NOT NULL, num int NOT NULL)", b))
 	}
 	for _, q := range stmts {
 		if _, err := conn.Exec(ctx, q); err != nil {
@@ -141,7 +141,7 @@ spec:
     postgres: {connectionSecretRef: {name: e2e-db, key: dsn}, schema: e2e}
     inbox: {table: inbox_%s%s}
     effect:
-      append: {table: %s, columns: {event_id: "@messageId", n: $.n}}
+      append: {table: %s, columns: {event_id: "@messageId", num: $.n}}
   delivery: {batchSize: 200, maxWait: 100ms}
   retention: {maxReplayAge: 48h}
   runtime: {replicas: %d}
