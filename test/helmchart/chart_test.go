@@ -206,6 +206,10 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 			}
 		})
 	}
+	// A combination the schema cannot express, refused by the template.
+	if _, err := render(t, "", "replicaCount=2", "leaderElection.enabled=false"); err == nil || !strings.Contains(err.Error(), "replicaCount > 1 needs leaderElection.enabled") {
+		t.Errorf("2 replicas without leader election: want a refusal naming both values, got %v", err)
+	}
 	// A whole values file with a typo is refused the same way (helm install -f).
 	if _, err := render(t, "testdata/bad-values.yaml"); err == nil || !strings.Contains(err.Error(), "additional properties 'watchNamespace' not allowed") {
 		t.Errorf("testdata/bad-values.yaml: want the unknown key watchNamespace named, got %v", err)
