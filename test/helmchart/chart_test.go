@@ -47,6 +47,9 @@ func helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(helmBin(t), args...)
+	// Helm's cache, config and data in the test's own directory, not $HOME.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return stdout.String(), errors.New(strings.TrimSpace(stderr.String()))
