@@ -61,6 +61,11 @@ func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	if AfterCommitHook != nil {
 		AfterCommitHook()
 	}
+	if c.dead() {
+		// Another lane crashed after this commit began: as in a killed
+		// process, nothing is acknowledged any more.
+		return errStopped
+	}
 	ackCtx, cancel := context.WithTimeout(work, ackTimeout)
 	defer cancel()
 	if err := c.src.Ack(ackCtx, lb.msgs); err != nil {

@@ -64,6 +64,9 @@ type Consumer struct {
 	// holdLogged is the highest hold step logged, so lanes holding together
 	// log each backoff step once.
 	holdLogged atomic.Int64
+	// crashed holds a lane's panic; abort stops the pipeline then.
+	crashed atomic.Pointer[panicked]
+	abort   crash
 }
 
 // New builds the loop from the config. metrics may be nil (then they are

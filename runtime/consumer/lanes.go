@@ -31,8 +31,15 @@ type laneBatch struct {
 // in flight never touch one key, and each lane takes its batches in fetch
 // order, which keeps the sequence order per key. A lane queues one batch
 // ahead; the fetcher blocks when the queue of a lane it must feed is full.
+//
+// A panic in a lane (a bug, or a test's crash hook) is a crash: from then on
+// nothing is acknowledged, nothing fetched, no batch started, and Run panics
+// with the same value in its own goroutine once the lanes stopped.
 func (c *Consumer) pipeline(ctx context.Context) {
 	work := context.WithoutCancel(ctx) // a started transaction outlives a stop request
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	c.abort = crash{stop: stop}
 	lanes := make([]chan laneBatch, c.inFlight())
 	var wg sync.WaitGroup
 	for i := range lanes {
@@ -44,7 +51,19 @@ func (c *Consumer) pipeline(ctx context.Context) {
 		close(l)
 	}
 	wg.Wait()
+	if p := c.crashed.Load(); p != nil {
+		panic(p.value)
+	}
 }
+
+// crash ends the pipeline after a lane panicked.
+type crash struct{ stop context.CancelFunc }
+
+// panicked is the first panic value of a lane.
+type panicked struct{ value any }
+
+// dead reports whether a lane crashed: nothing may be acknowledged any more.
+func (c *Consumer) dead() bool { return c.crashed.Load() != nil }
 
 func (c *Consumer) inFlight() int { return max(c.delivery.InFlight, 1) }
 
@@ -91,9 +110,17 @@ func (c *Consumer) fetchLoop(ctx context.Context, lanes []chan laneBatch) {
 // runLane settles its batches in order. After a stop request it starts no
 // new batch: those stay unacknowledged and the broker redelivers them.
 func (c *Consumer) runLane(work, stop context.Context, in <-chan laneBatch) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.crashed.CompareAndSwap(nil, &panicked{value: p})
+			c.abort.stop()
+			for range in { // drain, so the fetcher never blocks on this lane
+			}
+		}
+	}()
 	stopped := false
 	for lb := range in {
-		if stopped || stop.Err() != nil || !c.waitUnheld(stop) {
+		if stopped || stop.Err() != nil || c.dead() || !c.waitUnheld(stop) {
 			continue
 		}
 		if err := c.process(work, stop, lb); err != nil {

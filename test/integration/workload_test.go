@@ -114,39 +114,60 @@ func testLogger(t *testing.T) logr.Logger {
 	}, funcr.Options{Verbosity: 0})
 }
 
-// recordingSource remembers what the loop fetched: the last batch (the one
-// in flight when a crash hook fires) and how often each id was delivered.
+// recordingSource remembers what the loop fetched and acknowledged: how
+// often each id was delivered, and which deliveries (by native id) were
+// acknowledged. Fetch and Ack run concurrently (in-flight lanes).
 type recordingSource struct {
 	source.Source
 	mu        sync.Mutex
-	lastBatch []string
 	delivered map[string]int
+	// unacked maps every delivery not acknowledged yet (by its Ref: native
+	// ids may be empty, as for RabbitMQ messages without message_id) to its
+	// event id.
+	unacked map[any]string
 }
 
 func (r *recordingSource) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
 	msgs, err := r.Source.Fetch(ctx, maxN, maxWait)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(msgs) > 0 {
-		r.lastBatch = r.lastBatch[:0]
+	if r.unacked == nil {
+		r.unacked = map[any]string{}
 	}
 	for _, m := range msgs {
 		var e event
 		_ = json.Unmarshal(m.Body, &e)
-		r.lastBatch = append(r.lastBatch, e.ID)
 		r.delivered[e.ID]++
+		r.unacked[m.Ref] = e.ID
 	}
 	return msgs, err
 }
 
-func (r *recordingSource) snapshot() (last []string, delivered map[string]int) {
+func (r *recordingSource) Ack(ctx context.Context, msgs []source.Message) error {
+	err := r.Source.Ack(ctx, msgs)
+	if err == nil {
+		r.mu.Lock()
+		for _, m := range msgs {
+			delete(r.unacked, m.Ref)
+		}
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// snapshot returns the event ids fetched and never acknowledged (the ones
+// in doubt after a crash), and the delivery count per event id.
+func (r *recordingSource) snapshot() (inDoubt []string, delivered map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delivered = make(map[string]int, len(r.delivered))
 	for k, v := range r.delivered {
 		delivered[k] = v
 	}
-	return append([]string(nil), r.lastBatch...), delivered
+	for _, id := range r.unacked {
+		inDoubt = append(inDoubt, id)
+	}
+	return inDoubt, delivered
 }
 
 // crashed is the panic value a crash hook throws to abandon a batch between
