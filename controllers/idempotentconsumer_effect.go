@@ -87,20 +87,59 @@ func (p *PostgresEffect) Check(ctx context.Context, dsn string, cfg *config.Conf
 
 func checkEffect(ctx context.Context, tx pgx.Tx, cfg *config.Config) error {
 	e := cfg.Sink.Effect
+	var err error
 	switch {
 	case e.Upsert != nil:
-		return checkTableEffect(ctx, tx, cfg.Sink.Schema, tableEffect{
+		err = checkTableEffect(ctx, tx, cfg.Sink.Schema, tableEffect{
 			field: "spec.sink.effect.upsert", table: e.Upsert.Table, columns: e.Upsert.Columns,
 			key: e.Upsert.Key, sequence: e.Upsert.SequenceColumn,
 		})
 	case e.Append != nil:
-		return checkTableEffect(ctx, tx, cfg.Sink.Schema, tableEffect{
+		err = checkTableEffect(ctx, tx, cfg.Sink.Schema, tableEffect{
 			field: "spec.sink.effect.append", table: e.Append.Table, columns: e.Append.Columns,
 		})
 	case e.SQL != nil:
 		return checkStatement(ctx, tx, e.SQL)
 	}
+	if err != nil {
+		return err
+	}
+	return explainEffect(ctx, tx, cfg)
+}
+
+// explainEffect EXPLAINs the very statement the runtime runs per batch
+// (never executing it): what the catalog checks above do not cover, such as
+// a mapped generated column or a view that cannot take an INSERT, fails
+// here as it would fail every batch.
+func explainEffect(ctx context.Context, tx pgx.Tx, cfg *config.Config) error {
+	eff, err := effect.New(cfg.Sink.Effect, cfg.Sink.Schema, cfg.Message.Entity)
+	if err != nil {
+		return fmt.Errorf("while building the effect to check it: %w", err)
+	}
+	stmt := effect.Statement(eff)
+	if stmt == "" {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "EXPLAIN "+stmt, "[]"); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			return fmt.Errorf("while checking the %s statement: %w", cfg.Sink.Effect.Kind(), err)
+		}
+		reason := messagingv1alpha1.ReasonStatementInvalid
+		if pgErr.Code == "42501" {
+			reason = messagingv1alpha1.ReasonPermissionDenied
+		}
+		return problem(reason, "the %s into %s.%s cannot run: %s (SQLSTATE %s); fix the table or spec.sink.effect.%s",
+			cfg.Sink.Effect.Kind(), cfg.Sink.Schema, effectTable(cfg), pgErr.Message, pgErr.Code, cfg.Sink.Effect.Kind())
+	}
 	return nil
+}
+
+func effectTable(cfg *config.Config) string {
+	if u := cfg.Sink.Effect.Upsert; u != nil {
+		return u.Table
+	}
+	return cfg.Sink.Effect.Append.Table
 }
 
 // tableEffect is an upsert (key set) or an append.

@@ -73,6 +73,19 @@ func New(cfg config.Effect, schema string, entity *config.Entity) (Effect, error
 	return nil, errors.New("while building the effect: no effect configured")
 }
 
+// Statement returns the one statement an upsert or append effect runs per
+// batch (its one parameter is the batch as a jsonb array of rows), and ""
+// for the other effects. The controller's preflight EXPLAINs it.
+func Statement(e Effect) string {
+	switch x := e.(type) {
+	case *appendEffect:
+		return x.stmt
+	case *upsertEffect:
+		return x.stmt
+	}
+	return ""
+}
+
 // column is one target column and its compiled value expression.
 type column struct {
 	name string
