@@ -198,7 +198,8 @@ func renderSource(src messagingv1alpha1.SourceSpec, addSecret func(string, *mess
 }
 
 func renderMessage(m messagingv1alpha1.MessageSpec) config.Message {
-	out := config.Message{ID: config.Extractor{Header: m.ID.Header, JSONPath: string(m.ID.JSONPath), BrokerNative: m.ID.BrokerNative}}
+	out := config.Message{ID: config.Extractor{Header: m.ID.Header, JSONPath: string(m.ID.JSONPath), BrokerNative: m.ID.BrokerNative},
+		OnPayloadMismatch: string(m.ID.OnPayloadMismatch)}
 	if e := m.Entity; e != nil {
 		out.Entity = &config.Entity{
 			Key:      config.Extractor{Header: e.Key.Header, JSONPath: string(e.Key.JSONPath)},

@@ -24,6 +24,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 const (
@@ -280,7 +281,7 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		Expect(idc.Status.Retention.Window).To(Equal("49h"))
 		Expect(idc.Status.Retention.Source).To(Equal(messagingv1alpha1.RetentionSourceBroker))
 		Expect(idc.Status.Retention.DerivedFrom).To(ContainSubstring(stream))
-		Expect(idc.Status.Inbox).To(Equal(&messagingv1alpha1.InboxStatus{Table: "projections." + table, Layout: "Table", SchemaVersion: 1}))
+		Expect(idc.Status.Inbox).To(Equal(&messagingv1alpha1.InboxStatus{Table: "projections." + table, Layout: "Table", SchemaVersion: inbox.SchemaVersion}))
 		Expect(idc.Status.Guarantee).To(Equal(messagingv1alpha1.GuaranteeExactlyOnceEffect))
 
 		d := deployment(name)

@@ -9,7 +9,7 @@ const (
 	AnnotationRedrive = "messaging.idempotency.dev/redrive"
 	// AnnotationRedriveReason optionally limits a redrive to one reason
 	// class (missing_id, invalid_id, invalid_json, evaluation, database,
-	// http).
+	// http, id_conflict).
 	AnnotationRedriveReason = "messaging.idempotency.dev/redrive-reason"
 )
 

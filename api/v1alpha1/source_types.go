@@ -192,7 +192,20 @@ type IDSpec struct {
 	// so only broker-side redeliveries are deduplicated.
 	// +optional
 	BrokerNative bool `json:"brokerNative,omitempty"`
+	// onPayloadMismatch is what happens to a duplicate id whose payload
+	// differs from the one claimed first (its fingerprint, the first 8 bytes
+	// of SHA-256 of the payload, differs): a producer reusing an id for a
+	// different event. Record (default) keeps a row in <inbox>_id_conflicts;
+	// DeadLetter sets the message aside; Ignore only counts it. Every case
+	// counts in idc_id_conflicts_total; the effect is never applied twice.
+	// +kubebuilder:default=Record
+	// +optional
+	OnPayloadMismatch PayloadMismatchPolicy `json:"onPayloadMismatch,omitempty"`
 }
+
+// PayloadMismatchPolicy is what a duplicate id with a different payload does.
+// +kubebuilder:validation:Enum=Record;DeadLetter;Ignore
+type PayloadMismatchPolicy string
 
 // FieldSpec says where a value is: a header or a JSON path. Exactly one is set.
 // +kubebuilder:validation:XValidation:rule="has(self.header) != has(self.jsonPath)",message="exactly one of header, jsonPath must be set"

@@ -139,9 +139,21 @@ func (e Extractor) count() int {
 
 // Message says where the dedup id and the optional entity key/sequence are.
 type Message struct {
-	ID     Extractor `json:"id"`
-	Entity *Entity   `json:"entity,omitempty"`
+	ID Extractor `json:"id"`
+	// OnPayloadMismatch is what a duplicate id with a different payload
+	// fingerprint (a producer reusing an id) does: Record (default),
+	// DeadLetter or Ignore. It is counted in idc_id_conflicts_total in every
+	// case.
+	OnPayloadMismatch string  `json:"onPayloadMismatch,omitempty"`
+	Entity            *Entity `json:"entity,omitempty"`
 }
+
+// Values of Message.OnPayloadMismatch.
+const (
+	PayloadMismatchRecord     = "Record"
+	PayloadMismatchDeadLetter = "DeadLetter"
+	PayloadMismatchIgnore     = "Ignore"
+)
 
 // Entity turns on the sequence gate.
 type Entity struct {
@@ -332,6 +344,9 @@ func (c *Config) Default() {
 	if c.Version == "" {
 		c.Version = Version
 	}
+	if c.Message.OnPayloadMismatch == "" {
+		c.Message.OnPayloadMismatch = PayloadMismatchRecord
+	}
 	if c.HealthAddr == "" {
 		c.HealthAddr = ":8080"
 	}
@@ -413,6 +428,11 @@ func (c *Config) Validate() error {
 		bad("version", "unsupported config version %q (this runtime reads %q)", c.Version, Version)
 	}
 	c.validateSource(bad)
+	switch c.Message.OnPayloadMismatch {
+	case PayloadMismatchRecord, PayloadMismatchDeadLetter, PayloadMismatchIgnore:
+	default:
+		bad("message.onPayloadMismatch", "must be Record, DeadLetter or Ignore, got %q", c.Message.OnPayloadMismatch)
+	}
 	if n := c.Message.ID.count(); n != 1 {
 		bad("message.id", "exactly one of header, jsonPath, brokerNative must be set (got %d)", n)
 	}

@@ -28,11 +28,12 @@ type deadLetter struct {
 // outcome is what the committed transactions of a batch did; it is only
 // counted once they committed, so retries never double-count.
 type outcome struct {
-	applied, stale, duplicates int
-	dead                       map[string]int
+	applied, stale, duplicates, conflicts int
+	dead                                  map[string]int
 }
 
 func (o *outcome) add(p outcome) {
+	o.conflicts += p.conflicts
 	o.applied += p.applied
 	o.stale += p.stale
 	o.duplicates += p.duplicates
@@ -81,6 +82,7 @@ func (c *Consumer) record(n int, out outcome, took time.Duration) {
 	c.metrics.Messages.Add(float64(n))
 	c.metrics.DuplicatesSkipped.Add(float64(out.duplicates))
 	c.metrics.StaleRefused.Add(float64(out.stale))
+	c.metrics.IDConflicts.Add(float64(out.conflicts))
 	for class, v := range out.dead {
 		c.metrics.DeadLetters.WithLabelValues(class).Add(float64(v))
 	}
@@ -261,10 +263,13 @@ func (c *Consumer) claimAndApply(ctx context.Context, tx pgx.Tx, recs []*extract
 	out := outcome{dead: map[string]int{}}
 	claims := make([]inbox.Claim, len(recs))
 	for i, m := range recs {
-		claims[i] = inbox.Claim{MessageID: m.ID, PublishedAt: m.PublishedAt}
+		claims[i] = inbox.Claim{MessageID: m.ID, PublishedAt: m.PublishedAt, Fingerprint: inbox.Fingerprint(m.Body)}
 	}
 	fresh, err := c.store.Claim(ctx, tx, claims)
 	if err != nil {
+		return out, nil, err
+	}
+	if out.conflicts, dls, err = c.idConflicts(ctx, tx, recs, claims, fresh, dls); err != nil {
 		return out, nil, err
 	}
 	newRecs := make([]*extract.Message, 0, len(fresh))

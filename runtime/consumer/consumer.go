@@ -55,6 +55,9 @@ type Consumer struct {
 	metrics  *Metrics
 	log      logr.Logger
 
+	// onPayloadMismatch is message.onPayloadMismatch (see idConflicts).
+	onPayloadMismatch string
+
 	dbReady    atomic.Bool
 	fetchReady atomic.Bool
 	held       atomic.Pointer[sinkHold] // nil unless holding on a misconfigured sink
@@ -99,7 +102,7 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 	}
 	return &Consumer{
 		src: src, pool: pool, store: store, effect: eff, id: id, key: key,
-		delivery: cfg.Delivery, metrics: metrics,
+		delivery: cfg.Delivery, metrics: metrics, onPayloadMismatch: cfg.Message.OnPayloadMismatch,
 		log: logger.WithValues("consumer", cfg.Name),
 	}, nil
 }

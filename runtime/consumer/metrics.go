@@ -14,11 +14,14 @@ const (
 	ReasonEvaluation  = "evaluation"
 	ReasonDatabase    = "database"
 	ReasonHTTP        = "http"
+	// ReasonIDConflict: a duplicate id with a different payload, under
+	// message.id.onPayloadMismatch: DeadLetter.
+	ReasonIDConflict = "id_conflict"
 )
 
 // DeadLetterReasons lists every reason class, so each series exists (at 0)
 // from the start and increase() sees the first dead letter.
-var DeadLetterReasons = []string{ReasonMissingID, ReasonInvalidID, ReasonInvalidJSON, ReasonEvaluation, ReasonDatabase, ReasonHTTP}
+var DeadLetterReasons = []string{ReasonMissingID, ReasonInvalidID, ReasonInvalidJSON, ReasonEvaluation, ReasonDatabase, ReasonHTTP, ReasonIDConflict}
 
 // Metrics are the consumer's Prometheus metrics (prefix idc_).
 type Metrics struct {
@@ -34,6 +37,9 @@ type Metrics struct {
 	// SinkMisconfigured is 1 for the reason the loop holds on (see
 	// SinkReasons), 0 for the others and whenever it does not hold.
 	SinkMisconfigured *prometheus.GaugeVec
+	// IDConflicts counts duplicates whose payload fingerprint differs from
+	// the claimed one (a producer reusing an id), whatever the policy.
+	IDConflicts prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -71,6 +77,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		SinkMisconfigured: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idc_sink_misconfigured", Help: "1 while the consumer holds because the sink is misconfigured (no fetch, no ack, no dead letter), by reason.",
 		}, []string{"reason"}),
+		IDConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idc_id_conflicts_total", Help: "Duplicate ids whose payload fingerprint differs from the claimed one (a producer reused an id for a different event).",
+		}),
 	}
 	for _, r := range SinkReasons {
 		m.SinkMisconfigured.WithLabelValues(r).Set(0)
@@ -79,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		m.DeadLetters.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.Messages, m.DuplicatesSkipped, m.StaleRefused, m.DeadLetters,
-		m.AckErrors, m.BatchDuration, m.CommitDuration, m.InboxRows, m.OldestInboxRowAge, m.SinkMisconfigured} {
+		m.AckErrors, m.BatchDuration, m.CommitDuration, m.InboxRows, m.OldestInboxRowAge, m.SinkMisconfigured, m.IDConflicts} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("while registering consumer metrics: %w", err)
 		}

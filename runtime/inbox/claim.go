@@ -18,6 +18,9 @@ import (
 type Claim struct {
 	MessageID   string
 	PublishedAt time.Time
+	// Fingerprint of the payload (see Fingerprint); a duplicate whose
+	// fingerprint differs is an id conflict (Conflicts).
+	Fingerprint int64
 }
 
 // Claim records the ids in the inbox inside tx and returns the ids that were
@@ -37,18 +40,18 @@ type Claim struct {
 // consumer does); under REPEATABLE READ the snapshot predates the locks.
 // Ids whose partition was already pruned are, by design, outside retention.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []Claim) (map[string]struct{}, error) {
-	ids, days := dedupeClaims(claims)
+	ids, days, fps := dedupeClaims(claims)
 	if len(ids) == 0 {
 		return map[string]struct{}{}, nil
 	}
 	var rows pgx.Rows
 	var err error
 	if s.layout == config.LayoutPartitioned {
-		rows, err = s.claimPartitioned(ctx, tx, ids, days)
+		rows, err = s.claimPartitioned(ctx, tx, ids, days, fps)
 	} else {
-		rows, err = tx.Query(ctx, `INSERT INTO `+s.inbox+` (message_id)
-			SELECT id FROM unnest($1::text[]) AS u(id)
-			ON CONFLICT DO NOTHING RETURNING message_id`, ids)
+		rows, err = tx.Query(ctx, `INSERT INTO `+s.inbox+` (message_id, fingerprint)
+			SELECT id, NULLIF(fp, 0) FROM unnest($1::text[], $2::int8[]) AS u(id, fp)
+			ON CONFLICT DO NOTHING RETURNING message_id`, ids, fps)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("while claiming %d ids in the inbox: %w", len(ids), err)
@@ -56,7 +59,7 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, claims []Claim) (map[strin
 	return collectSet(rows, "while claiming ids in the inbox")
 }
 
-func (s *Store) claimPartitioned(ctx context.Context, tx pgx.Tx, ids []string, days []time.Time) (pgx.Rows, error) {
+func (s *Store) claimPartitioned(ctx context.Context, tx pgx.Tx, ids []string, days []time.Time, fps []int64) (pgx.Rows, error) {
 	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int, k)
 		FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest($2::text[]) AS u(id) ORDER BY 1) AS keys`,
 		s.lockKey+1, ids)
@@ -67,29 +70,31 @@ func (s *Store) claimPartitioned(ctx context.Context, tx pgx.Tx, ids []string, d
 	for i, d := range days {
 		dates[i] = pgtype.Date{Time: d, Valid: true}
 	}
-	return tx.Query(ctx, `INSERT INTO `+s.inbox+` (message_id, published_on)
-		SELECT u.id, u.day FROM unnest($1::text[], $2::date[]) AS u(id, day)
+	return tx.Query(ctx, `INSERT INTO `+s.inbox+` (message_id, published_on, fingerprint)
+		SELECT u.id, u.day, NULLIF(u.fp, 0) FROM unnest($1::text[], $2::date[], $3::int8[]) AS u(id, day, fp)
 		WHERE NOT EXISTS (SELECT 1 FROM `+s.inbox+` AS i WHERE i.message_id = u.id)
-		ON CONFLICT DO NOTHING RETURNING message_id`, ids, dates)
+		ON CONFLICT DO NOTHING RETURNING message_id`, ids, dates, fps)
 }
 
 // dedupeClaims drops in-batch duplicates and sorts by id: every claim then
 // inserts its ids in the same order, so two replicas claiming overlapping
 // batches wait on each other instead of deadlocking (ON CONFLICT DO NOTHING
 // still waits for another transaction's uncommitted insert of the same id).
-func dedupeClaims(claims []Claim) ([]string, []time.Time) {
+func dedupeClaims(claims []Claim) ([]string, []time.Time, []int64) {
 	sorted := append([]Claim(nil), claims...)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].MessageID < sorted[j].MessageID })
 	ids := make([]string, 0, len(sorted))
 	days := make([]time.Time, 0, len(sorted))
+	fps := make([]int64, 0, len(sorted))
 	for i, c := range sorted {
 		if i > 0 && c.MessageID == sorted[i-1].MessageID {
 			continue
 		}
 		ids = append(ids, c.MessageID)
 		days = append(days, Day(c.PublishedAt))
+		fps = append(fps, c.Fingerprint)
 	}
-	return ids, days
+	return ids, days, fps
 }
 
 func collectSet(rows pgx.Rows, doing string) (map[string]struct{}, error) {

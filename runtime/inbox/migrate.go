@@ -57,6 +57,19 @@ func (s *Store) ddl() []string {
 		)`)
 	}
 	return append(stmts,
+		// Schema version 2: the payload fingerprint, NULL for ids claimed
+		// before (they never count as conflicts). A nullable column without
+		// a default is a catalog change only: no rewrite, no long lock.
+		`ALTER TABLE `+s.inbox+` ADD COLUMN IF NOT EXISTS fingerprint bigint`,
+		`CREATE TABLE IF NOT EXISTS `+s.idConflicts+` (
+			id                   bigserial PRIMARY KEY,
+			message_id           text NOT NULL,
+			native_id            text,
+			claimed_fingerprint  bigint NOT NULL,
+			conflict_fingerprint bigint NOT NULL,
+			payload              bytea,
+			detected_at          timestamptz NOT NULL DEFAULT now()
+		)`,
 		// The index serves batched pruning (Table) and the oldest-row gauge.
 		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Inbox, "_processed_at_idx"))+
 			` ON `+s.inbox+` (processed_at)`,
@@ -162,6 +175,7 @@ func (s *Store) Drop(ctx context.Context) error {
 			"DROP TABLE IF EXISTS " + s.deadLetters,
 			"DROP TABLE IF EXISTS " + s.pruneRuns,
 			"DROP TABLE IF EXISTS " + s.redrives,
+			"DROP TABLE IF EXISTS " + s.idConflicts,
 			"DROP TABLE IF EXISTS " + s.meta,
 		})
 	})

@@ -15,7 +15,7 @@ import (
 // everything.
 type DeadLetterFilter struct {
 	// Classes are reason classes (missing_id, invalid_id, invalid_json,
-	// evaluation, database, http).
+	// evaluation, database, http, id_conflict).
 	Classes []string
 	// MessageIDs select by message id.
 	MessageIDs []string
@@ -27,14 +27,15 @@ type DeadLetterFilter struct {
 
 // reasonClassSQL is the class of a dead-letter row: its reason_class, or for
 // rows written before that column existed, the class read from the reason
-// text the runtime writes ("message id: …", "database: …", "http: …", else
-// an evaluation error).
+// text the runtime writes ("message id: …", "database: …", "http: …", "id
+// conflict: …", else an evaluation error).
 const reasonClassSQL = `coalesce(reason_class, CASE
 	WHEN reason LIKE 'message id: invalid message id%' THEN 'invalid_id'
 	WHEN reason LIKE 'message id: %invalid JSON payload%' THEN 'invalid_json'
 	WHEN reason LIKE 'message id: %' THEN 'missing_id'
 	WHEN reason LIKE 'database: %' THEN 'database'
 	WHEN reason LIKE 'http: %' THEN 'http'
+	WHEN reason LIKE 'id conflict: %' THEN 'id_conflict'
 	WHEN reason LIKE '%invalid JSON payload%' THEN 'invalid_json'
 	ELSE 'evaluation' END)`
 

@@ -20,7 +20,11 @@ import (
 
 // SchemaVersion is the version of the DDL this package writes; it is stored
 // in the <inbox>_meta table and reported in status.inbox.schemaVersion.
-const SchemaVersion = 1
+//
+// 2 added the payload fingerprint of every claimed id (id conflicts) and
+// the redrives and id-conflicts tables; migrating from 1 is online (a
+// nullable column, no rewrite) and idempotent.
+const SchemaVersion = 2
 
 // maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
 // silently, which would make derived names collide.
@@ -40,6 +44,7 @@ type Names struct {
 	DeadLetters string
 	PruneRuns   string
 	Redrives    string
+	IDConflicts string
 	Meta        string
 }
 
@@ -56,6 +61,7 @@ func NamesFor(sink config.Sink) Names {
 		DeadLetters: dl,
 		PruneRuns:   DerivedName(sink.InboxTable, "_prune_runs"),
 		Redrives:    DerivedName(sink.InboxTable, "_redrives"),
+		IDConflicts: DerivedName(sink.InboxTable, "_id_conflicts"),
 		Meta:        DerivedName(sink.InboxTable, "_meta"),
 	}
 }
@@ -76,7 +82,7 @@ type Store struct {
 	layout config.Layout
 	names  Names
 
-	inbox, deadLetters, pruneRuns, redrives, meta string // quoted, schema-qualified
+	inbox, deadLetters, pruneRuns, redrives, idConflicts, meta string // quoted, schema-qualified
 	// lockKey scopes advisory locks to this inbox, so two inboxes in one
 	// database never wait on each other.
 	lockKey int32
@@ -101,6 +107,7 @@ func New(pool *pgxpool.Pool, sink config.Sink) (*Store, error) {
 		deadLetters: qualify(n.Schema, n.DeadLetters),
 		pruneRuns:   qualify(n.Schema, n.PruneRuns),
 		redrives:    qualify(n.Schema, n.Redrives),
+		idConflicts: qualify(n.Schema, n.IDConflicts),
 		meta:        qualify(n.Schema, n.Meta),
 		lockKey:     int32(crc32.ChecksumIEEE([]byte(n.Schema + "." + n.Inbox))),
 		partitions:  partitionCache{known: map[time.Time]bool{}},
