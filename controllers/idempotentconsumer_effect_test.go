@@ -69,7 +69,7 @@ func TestEffectPreflight(t *testing.T) {
 		{name: "generated column mapped", effect: config.Effect{Append: &config.Append{Table: "events", Columns: map[string]string{"id": "$.id", "total": "$.total"}}},
 			setup:  []string{"CREATE TABLE app.events (id text, total int GENERATED ALWAYS AS (1) STORED)"},
 			reason: messagingv1alpha1.ReasonStatementInvalid, contains: []string{"total", "cannot run"},
-			fix:    []string{"ALTER TABLE app.events ALTER COLUMN total DROP EXPRESSION"}},
+			fix: []string{"ALTER TABLE app.events ALTER COLUMN total DROP EXPRESSION"}},
 		{name: "statement with two commands", effect: config.Effect{SQL: &config.SQL{
 			Statement: "UPDATE app.accounts SET n = n + 1 WHERE id = :id; DELETE FROM app.accounts",
 			Params:    map[string]string{"id": "$.id"}}},
