@@ -123,11 +123,51 @@ func (c *Consumer) runLane(work, stop context.Context, in <-chan laneBatch) {
 		if stopped || stop.Err() != nil || c.dead() || !c.waitUnheld(stop) {
 			continue
 		}
+		lb = c.mergeQueued(lb, in)
 		if err := c.process(work, stop, lb); err != nil {
 			stopped = true
 			c.log.Info("Stopped with a batch not committed; the broker will redeliver it", "messages", len(lb.msgs))
 		}
 	}
+}
+
+// mergeQueued joins the lane's next queued batch into this one while the
+// result stays within batchSize: when fetching outpaces committing, a lane
+// commits one transaction of a whole batch instead of two halves.
+func (c *Consumer) mergeQueued(lb laneBatch, in <-chan laneBatch) laneBatch {
+	for len(lb.msgs) < c.delivery.BatchSize {
+		select {
+		case next, ok := <-in:
+			if !ok {
+				return lb
+			}
+			lb = lb.join(next)
+		default:
+			return lb
+		}
+	}
+	return lb
+}
+
+// join appends b (fetched later) to lb. An id already in lb is a duplicate
+// of it, acknowledged with the merged batch.
+func (lb laneBatch) join(b laneBatch) laneBatch {
+	seen := make(map[string]struct{}, len(lb.recs))
+	for _, m := range lb.recs {
+		seen[m.ID] = struct{}{}
+	}
+	for _, m := range b.recs {
+		if _, dup := seen[m.ID]; dup {
+			lb.dups++
+			continue
+		}
+		seen[m.ID] = struct{}{}
+		lb.recs = append(lb.recs, m)
+	}
+	lb.msgs = append(lb.msgs, b.msgs...)
+	lb.dls = append(lb.dls, b.dls...)
+	lb.dups += b.dups
+	return lb
 }
 
 // waitUnheld waits while the loop holds on a misconfigured sink: no lane

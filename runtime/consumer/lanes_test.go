@@ -66,3 +66,23 @@ func TestSplitKeepsKeysOnOneLaneInOrder(t *testing.T) {
 		t.Errorf("37 keys used %d of %d lanes", used, cfg.Delivery.InFlight)
 	}
 }
+
+// Merging a lane's queued batch keeps every message to acknowledge and
+// turns an id already in the batch into a duplicate (applied once).
+func TestJoinTreatsRepeatedIdsAsDuplicates(t *testing.T) {
+	cfg := testConfig(t, config.LayoutTable)
+	c, err := New(newFakeSource(nil), nil, cfg, nil, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.split([]source.Message{message("n1", `{"id":"a","n":1}`), message("n2", `{"id":"b","n":2}`)}, 1)[0]
+	b := c.split([]source.Message{message("n3", `{"id":"b","n":2}`), message("n4", `{"id":"c","n":3}`), message("n5", `{"n":4}`)}, 1)[0]
+	j := a.join(b)
+	var ids []string
+	for _, m := range j.recs {
+		ids = append(ids, m.ID)
+	}
+	if fmt.Sprint(ids) != "[a b c]" || j.dups != 1 || len(j.msgs) != 5 || len(j.dls) != 1 {
+		t.Errorf("joined: ids %v, %d duplicates, %d to ack, %d dead letters; want [a b c], 1, 5, 1", ids, j.dups, len(j.msgs), len(j.dls))
+	}
+}
