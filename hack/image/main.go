@@ -128,6 +128,15 @@ func build(o options) (string, v1.Hash, error) {
 	if err := os.WriteFile(o.out+".digest", []byte(digest.String()+"\n"), 0o644); err != nil {
 		return "", none, err
 	}
+	// The image ID (its config's digest) is what the kubelet reports as a
+	// container's imageID for an imported image.
+	id, err := img.ConfigName()
+	if err != nil {
+		return "", none, err
+	}
+	if err := os.WriteFile(o.out+".id", []byte(id.String()+"\n"), 0o644); err != nil {
+		return "", none, err
+	}
 	return containerdName(ref), digest, nil
 }
 

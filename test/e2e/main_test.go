@@ -10,7 +10,8 @@
 // exists here). A missing node or service fails the suite; it never skips.
 //
 // `make test-e2e` sets the environment: IDC_E2E_KUBECONFIG, IDC_E2E_INSTALL,
-// IDC_E2E_KUBECTL, IDC_E2E_IMAGE, IDC_E2E_VERSION (and IDC_E2E_AUDIT_LOG).
+// IDC_E2E_KUBECTL, IDC_E2E_IMAGE, IDC_E2E_IMAGE_ID (the config digest of the
+// image `make image` built), IDC_E2E_VERSION and IDC_E2E_AUDIT_LOG.
 package e2e
 
 import (
@@ -21,7 +22,7 @@ import (
 
 // env is the suite's environment, read once.
 var env struct {
-	kubeconfig, install, kubectl, image, version, auditLog string
+	kubeconfig, install, kubectl, image, imageID, version, auditLog string
 }
 
 func TestMain(m *testing.M) {
@@ -29,11 +30,12 @@ func TestMain(m *testing.M) {
 	env.install = os.Getenv("IDC_E2E_INSTALL")
 	env.kubectl = os.Getenv("IDC_E2E_KUBECTL")
 	env.image = os.Getenv("IDC_E2E_IMAGE")
+	env.imageID = os.Getenv("IDC_E2E_IMAGE_ID")
 	env.version = os.Getenv("IDC_E2E_VERSION")
 	env.auditLog = os.Getenv("IDC_E2E_AUDIT_LOG")
 	for name, v := range map[string]string{
 		"IDC_E2E_KUBECONFIG": env.kubeconfig, "IDC_E2E_INSTALL": env.install, "IDC_E2E_KUBECTL": env.kubectl,
-		"IDC_E2E_IMAGE": env.image, "IDC_E2E_VERSION": env.version, "IDC_E2E_AUDIT_LOG": env.auditLog,
+		"IDC_E2E_IMAGE": env.image, "IDC_E2E_IMAGE_ID": env.imageID, "IDC_E2E_VERSION": env.version, "IDC_E2E_AUDIT_LOG": env.auditLog,
 	} {
 		if v == "" {
 			fmt.Fprintf(os.Stderr, "e2e: %s is not set: run the suite with `make test-e2e` on a running node (`make node-up`)\n", name)
