@@ -193,7 +193,8 @@ up() {
   need_root
   mkdir -p "$N" "$ST" "$L" "$V/etcd" "$V/kubelet" "$V/log/pods" "$N/etc/static-pods" "$N/run/containerd"
   if alive kubelet && alive kube-apiserver; then
-    log "already up"
+    log "already up; importing the current image"
+    [[ -f $root/bin/idc-operator-image.tar ]] && import "$root/bin/idc-operator-image.tar"
     echo "$K/admin.kubeconfig"
     return 0
   fi
