@@ -72,7 +72,7 @@ func TestExitCodes(t *testing.T) {
 
 func TestDispatch(t *testing.T) {
 	var out, errOut bytes.Buffer
-	if code := dispatch([]string{"version"}, &out, &errOut); code != exitOK || strings.TrimSpace(out.String()) != "dev" {
+	if code := dispatch([]string{"version"}, &out, &errOut); code != exitOK || strings.TrimSpace(out.String()) != "dev (commit unknown)" {
 		t.Errorf("version: code %d output %q", code, out.String())
 	}
 	cases := [][]string{
