@@ -459,7 +459,11 @@ func (c *Config) Validate() error {
 		bad("sink.layout", "must be Table or Partitioned, got %q", s.Layout)
 	}
 	c.validateEffect(bad, ident)
-	d := c.Delivery
+	c.Delivery.validate(bad)
+	return errors.Join(errs...)
+}
+
+func (d Delivery) validate(bad func(string, string, ...any)) {
 	if d.BatchSize < 1 || d.BatchSize > 10000 {
 		bad("delivery.batchSize", "must be between 1 and 10000, got %d", d.BatchSize)
 	}
@@ -475,7 +479,6 @@ func (c *Config) Validate() error {
 	if d.MaxWait.Duration <= 0 || d.BackoffInitial.Duration <= 0 || d.BackoffMax.Duration < d.BackoffInitial.Duration {
 		bad("delivery", "maxWait and backoffInitial must be positive and backoffMax >= backoffInitial")
 	}
-	return errors.Join(errs...)
 }
 
 func (c *Config) validateSource(bad func(string, string, ...any)) {
