@@ -296,9 +296,12 @@ stop() { # name: TERM, wait, KILL; only the recorded PID running our binary
   local name=$1 pid i
   if alive "$name"; then
     pid=$(<"$ST/$name.pid")
-    kill -TERM "$pid" 2>/dev/null || true
+    # Each component was started with setsid: its process group is its own
+    # (socat's forked per-connection children are in it too).
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < 120; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; log "killed $name ($pid)"; else log "stopped $name ($pid)"; fi
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; log "killed $name ($pid)"; else log "stopped $name ($pid)"; fi
+    kill -KILL -- "-$pid" 2>/dev/null || true
   fi
   rm -f "$ST/$name.pid" "$ST/$name.exe"
 }
