@@ -66,6 +66,7 @@ func TestRealNode(t *testing.T) {
 		{"suspend", s.suspend},
 		{"deletion-policy", s.deletionPolicy},
 		{"manager-rbac-never-forbidden", s.rbacNeverForbidden},
+		{"helm-install-upgrade-uninstall", s.helmInstall},
 	}
 	for _, st := range steps {
 		if !t.Run(st.name, func(t *testing.T) { st.fn(ctx, t) }) {

@@ -19,6 +19,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -46,11 +47,12 @@ const (
 // IdempotentConsumers is the resource of the API, for Table requests.
 var IdempotentConsumers = schema.GroupVersionResource{Group: messagingv1alpha1.GroupVersion.Group, Version: messagingv1alpha1.GroupVersion.Version, Resource: "idempotentconsumers"}
 
-// Scheme knows the core, apps, batch and IdempotentConsumer kinds.
+// Scheme knows the core, apps, batch, CRD and IdempotentConsumer kinds.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(messagingv1alpha1.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
 	return s
 }
 
