@@ -23,6 +23,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int, 1)", schemaLockKey(s.names.Schema)); err != nil {
 			return fmt.Errorf("while taking the schema DDL lock: %w", err)
 		}
+		current, err := s.isCurrent(ctx, tx)
+		if err != nil || current {
+			// An inbox at this version runs no DDL: ALTER TABLE takes an
+			// ACCESS EXCLUSIVE lock even when there is nothing to add, which
+			// would stall (or deadlock with) the replicas already consuming.
+			return err
+		}
 		if err := execAll(ctx, tx, s.ddl()); err != nil {
 			return err
 		}
@@ -32,6 +39,28 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
 	}
 	return nil
+}
+
+// isCurrent reports whether the inbox is recorded at this SchemaVersion
+// with this layout (a layout mismatch is left to recordVersion to refuse).
+func (s *Store) isCurrent(ctx context.Context, tx pgx.Tx) (bool, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.meta).Scan(&exists); err != nil {
+		return false, fmt.Errorf("while looking for the inbox meta table: %w", err)
+	}
+	if !exists {
+		return false, nil
+	}
+	var layout string
+	var version int
+	err := tx.QueryRow(ctx, `SELECT layout, schema_version FROM `+s.meta).Scan(&layout, &version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("while reading the schema version: %w", err)
+	}
+	return version == SchemaVersion && layout == string(s.layout), nil
 }
 
 func schemaLockKey(schema string) int32 {
