@@ -101,7 +101,7 @@ func (s *suite) helmInstall(ctx context.Context, t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("manager Deployment still there (%v)", err)
+		return fmt.Errorf("manager Deployment still there (%w)", err)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -158,7 +158,7 @@ func (s *suite) deleteNamespace(ctx context.Context, t *testing.T, name string) 
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("namespace %s still there (%v)", name, err)
+		return fmt.Errorf("namespace %s still there (%w)", name, err)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -244,7 +244,7 @@ func (s *suite) deletionPolicy(ctx context.Context, t *testing.T) {
 		if err := localcluster.Eventually(ctx, 2*time.Minute, func() error {
 			err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(idc), &messagingv1alpha1.IdempotentConsumer{})
 			if !apierrors.IsNotFound(err) {
-				return fmt.Errorf("%s still there (%v)", idc.Name, err)
+				return fmt.Errorf("%s still there (%w)", idc.Name, err)
 			}
 			pods, err := s.c.Pods(ctx, testNamespace, map[string]string{"app.kubernetes.io/instance": idc.Name})
 			if err != nil {
