@@ -75,7 +75,8 @@ func (c *Consumer) fetchLoop(ctx context.Context, lanes []chan laneBatch) {
 		if !c.waitUnheld(ctx) {
 			return
 		}
-		msgs, err := c.src.Fetch(ctx, c.delivery.BatchSize, c.delivery.MaxWait.Duration)
+		// One fetch feeds every lane a transaction of up to batchSize.
+		msgs, err := c.src.Fetch(ctx, c.delivery.BatchSize*len(lanes), c.delivery.MaxWait.Duration)
 		if ctx.Err() != nil {
 			// A fetch cut short by the stop may still have returned
 			// messages; they were not processed, so they stay unacked.
@@ -94,15 +95,31 @@ func (c *Consumer) fetchLoop(ctx context.Context, lanes []chan laneBatch) {
 		if len(msgs) == 0 {
 			continue
 		}
-		for i, lb := range c.split(msgs, len(lanes)) {
-			if len(lb.msgs) == 0 {
+		if !c.dispatch(ctx, lanes, c.split(msgs, len(lanes))) {
+			return // the rest of the fetch stays unacked
+		}
+	}
+}
+
+// dispatch hands every lane its batches in order, taking the lanes in turn
+// so one busy lane does not starve the others. It reports false when ctx
+// ended first.
+func (c *Consumer) dispatch(ctx context.Context, lanes []chan laneBatch, perLane [][]laneBatch) bool {
+	for k := 0; ; k++ {
+		sent := false
+		for i, batches := range perLane {
+			if k >= len(batches) {
 				continue
 			}
+			sent = true
 			select {
-			case lanes[i] <- lb:
+			case lanes[i] <- batches[k]:
 			case <-ctx.Done():
-				return // the rest of the batch stays unacked
+				return false
 			}
+		}
+		if !sent {
+			return true
 		}
 	}
 }
@@ -183,17 +200,25 @@ func (c *Consumer) waitUnheld(stop context.Context) bool {
 }
 
 // split extracts every message's id (and entity key) once and assigns it to
-// a lane. Messages without a usable id become dead letters (on the lane of
-// their native id); a repeated id is a duplicate, acknowledged on the lane
-// of its first occurrence, after that one committed.
-func (c *Consumer) split(msgs []source.Message, n int) []laneBatch {
+// a lane, each lane's messages cut into batches of at most batchSize, in
+// fetch order. Messages without a usable id become dead letters (on the
+// lane of their native id). An id repeated within one batch is a duplicate,
+// acknowledged with it; one repeated in a later batch is claimed again
+// there, so the inbox decides (duplicate, or a conflicting payload).
+func (c *Consumer) split(msgs []source.Message, n int) [][]laneBatch {
 	now := time.Now()
-	out := make([]laneBatch, n)
-	for i := range out {
-		out[i].fetched = now
+	out := make([][]laneBatch, n)
+	limit := max(c.delivery.BatchSize, 1)
+	// current is lane i's open batch; a full one is closed first.
+	current := func(i int) *laneBatch {
+		if len(out[i]) == 0 || len(out[i][len(out[i])-1].msgs) >= limit {
+			out[i] = append(out[i], laneBatch{fetched: now})
+		}
+		return &out[i][len(out[i])-1]
 	}
-	seen := make(map[string]int, len(msgs))
-	slab := make([]extract.Message, len(msgs)) // one allocation for the batch
+	type at struct{ lane, batch int }
+	seen := make(map[string]at, len(msgs))
+	slab := make([]extract.Message, len(msgs)) // one allocation for the fetch
 	for i, sm := range msgs {
 		slab[i].Message = sm
 		m := &slab[i]
@@ -202,21 +227,24 @@ func (c *Consumer) split(msgs []source.Message, n int) []laneBatch {
 			err = checkID(id)
 		}
 		if err != nil {
-			lb := &out[laneOf(sm.NativeID, n)]
+			lb := current(laneOf(sm.NativeID, n))
 			lb.dls = append(lb.dls, newDeadLetter(m, "message id: "+err.Error(), idErrorClass(err), 1))
 			lb.msgs = append(lb.msgs, sm)
 			continue
 		}
-		if lane, dup := seen[id]; dup {
-			out[lane].dups++
-			out[lane].msgs = append(out[lane].msgs, sm)
-			continue
-		}
 		m.ID = id
 		lane := laneOf(c.laneKey(m), n)
-		seen[id] = lane
-		out[lane].recs = append(out[lane].recs, m)
-		out[lane].msgs = append(out[lane].msgs, sm)
+		if first, ok := seen[id]; ok && len(out[first.lane])-1 == first.batch {
+			if lb := &out[first.lane][first.batch]; len(lb.msgs) < limit {
+				lb.dups++
+				lb.msgs = append(lb.msgs, sm)
+				continue
+			}
+		}
+		lb := current(lane)
+		seen[id] = at{lane, len(out[lane]) - 1}
+		lb.recs = append(lb.recs, m)
+		lb.msgs = append(lb.msgs, sm)
 	}
 	return out
 }
