@@ -125,7 +125,7 @@ func evalErrorClass(err error) string {
 
 func newDeadLetter(m *extract.Message, reason, class string, attempts int) deadLetter {
 	return deadLetter{class: class, row: inbox.DeadLetter{
-		MessageID: m.ID, NativeID: m.NativeID, Reason: reason, Payload: m.Body,
+		MessageID: m.ID, NativeID: m.NativeID, Reason: reason, Class: class, Payload: m.Body,
 		Headers: m.Headers, Attempts: max(attempts, m.Attempt), PublishedAt: m.PublishedAt,
 	}}
 }
