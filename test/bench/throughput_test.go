@@ -81,9 +81,6 @@ func BenchmarkThroughput(b *testing.B) {
 		for _, batch := range []int{100, 500, 2000} {
 			for _, replicas := range []int{1, 2, 4, 8} {
 				r := t.runJetStream(b, replicas, batch)
-				if replicas == 2 && batch == 500 {
-					r = fasterRow(r, headline)
-				}
 				printRow(r)
 				jsRows = append(jsRows, r)
 				best[replicas] = max(best[replicas], r.rate())
@@ -98,7 +95,9 @@ func BenchmarkThroughput(b *testing.B) {
 		printRow(t.runRedis(b, 2, 500))
 		printRow(t.runKafka(b, 2, 500))
 
-		fmt.Printf("RATIO runtime_vs_db_ceiling=%.2f\n", scale[2]/ceiling.rate())
+		headline.name = "jetstream_upsert_headline"
+		printRow(headline)
+		fmt.Printf("RATIO runtime_vs_db_ceiling=%.2f\n", headline.rate()/ceiling.rate())
 		fmt.Printf("SCALEOUT batch=500 replicas_1=%.0f replicas_2=%.0f replicas_4=%.0f replicas_8=%.0f (4 and 8 vs 2: %.2f %.2f)\n",
 			scale[1], scale[2], scale[4], scale[8], scale[4]/scale[2], scale[8]/scale[2])
 		worst := 1.0
@@ -106,7 +105,7 @@ func BenchmarkThroughput(b *testing.B) {
 			worst = min(worst, r.rate()/best[r.replicas])
 		}
 		fmt.Printf("MATRIX worst_row_vs_best_at_same_replicas=%.2f\n", worst)
-		b.ReportMetric(scale[2]/ceiling.rate(), "runtime_vs_db_ceiling")
+		b.ReportMetric(headline.rate()/ceiling.rate(), "runtime_vs_db_ceiling")
 	}
 }
 
