@@ -64,6 +64,7 @@ func TestRealNode(t *testing.T) {
 		{"spec-change-rolls", s.specChangeRolls},
 		{"manager-rollout-restart", s.managerRolloutRestart},
 		{"suspend", s.suspend},
+		{"gitops-health-of-live-resources", s.gitopsHealth},
 		{"deletion-policy", s.deletionPolicy},
 		{"manager-rbac-never-forbidden", s.rbacNeverForbidden},
 		{"helm-install-upgrade-uninstall", s.helmInstall},

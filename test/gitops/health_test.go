@@ -6,22 +6,18 @@
 package gitops
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	lua "github.com/yuin/gopher-lua"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/yaml"
+
+	"github.com/idempotency-dev/idc-operator/internal/gitopshealth"
 )
 
-const (
-	argoDir   = "../../config/argocd"
-	healthKey = "resource.customizations.health.messaging.idempotency.dev_IdempotentConsumer"
-)
+const argoDir = "../../config/argocd"
 
 // expectations is config/argocd/health_test.yaml: argo-cd's health_test.yaml
 // form plus the kstatus result.
@@ -87,80 +83,11 @@ func loadFixture(t *testing.T, inputPath string) *unstructured.Unstructured {
 // healthScript is the Lua Argo CD would run, taken from the shipped ConfigMap.
 func healthScript(t *testing.T) string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(argoDir, "argocd-cm.yaml"))
+	script, err := gitopshealth.Script(argoDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cm struct {
-		Kind string            `json:"kind"`
-		Data map[string]string `json:"data"`
-	}
-	if err := yaml.Unmarshal(raw, &cm); err != nil {
-		t.Fatal(err)
-	}
-	script := cm.Data[healthKey]
-	if cm.Kind != "ConfigMap" || script == "" {
-		t.Fatalf("argocd-cm.yaml: no ConfigMap key %s", healthKey)
-	}
 	return script
-}
-
-// argoHealth runs the script as Argo CD does: a sandbox with only the base,
-// table, string and math libraries, the resource as the global obj, and a
-// table {status, message} returned.
-func argoHealth(script string, obj map[string]any) (status, message string, err error) {
-	l := lua.NewState(lua.Options{SkipOpenLibs: true})
-	defer l.Close()
-	for _, lib := range []struct {
-		name string
-		open lua.LGFunction
-	}{{lua.BaseLibName, lua.OpenBase}, {lua.TabLibName, lua.OpenTable}, {lua.StringLibName, lua.OpenString}, {lua.MathLibName, lua.OpenMath}} {
-		l.Push(l.NewFunction(lib.open))
-		l.Push(lua.LString(lib.name))
-		l.Call(1, 0)
-	}
-	l.SetGlobal("obj", toLua(l, obj))
-	if err := l.DoString(script); err != nil {
-		return "", "", err
-	}
-	ret, ok := l.Get(-1).(*lua.LTable)
-	if !ok {
-		return "", "", fmt.Errorf("the script returned %s, not a table", l.Get(-1).Type())
-	}
-	return lua.LVAsString(ret.RawGetString("status")), lua.LVAsString(ret.RawGetString("message")), nil
-}
-
-// toLua converts decoded JSON the way Argo CD's luajson does: objects and
-// arrays become tables (arrays 1-based), numbers become Lua numbers.
-func toLua(l *lua.LState, v any) lua.LValue {
-	switch x := v.(type) {
-	case nil:
-		return lua.LNil
-	case bool:
-		return lua.LBool(x)
-	case string:
-		return lua.LString(x)
-	case float64:
-		return lua.LNumber(x)
-	case int64:
-		return lua.LNumber(x)
-	case int:
-		return lua.LNumber(x)
-	case []any:
-		t := l.NewTable()
-		for _, e := range x {
-			t.Append(toLua(l, e))
-		}
-		return t
-	case map[string]any:
-		t := l.NewTable()
-		for k, e := range x {
-			t.RawSetString(k, toLua(l, e))
-		}
-		return t
-	default:
-		return lua.LString(fmt.Sprint(x))
-	}
 }
 
 func TestArgoCDHealthCheck(t *testing.T) {
@@ -168,7 +95,7 @@ func TestArgoCDHealthCheck(t *testing.T) {
 	for _, tc := range loadExpectations(t).Tests {
 		t.Run(strings.TrimSuffix(filepath.Base(tc.InputPath), ".yaml"), func(t *testing.T) {
 			obj := loadFixture(t, tc.InputPath)
-			got, msg, err := argoHealth(script, obj.Object)
+			got, msg, err := gitopshealth.ArgoCD(script, obj.Object)
 			if err != nil {
 				t.Fatalf("the health script failed: %v", err)
 			}
@@ -220,12 +147,12 @@ func decidingReason(obj *unstructured.Unstructured) string {
 func TestKstatus(t *testing.T) {
 	for _, tc := range loadExpectations(t).Tests {
 		t.Run(strings.TrimSuffix(filepath.Base(tc.InputPath), ".yaml"), func(t *testing.T) {
-			res, err := status.Compute(loadFixture(t, tc.InputPath))
+			got, msg, err := gitopshealth.Kstatus(loadFixture(t, tc.InputPath))
 			if err != nil {
 				t.Fatalf("kstatus: %v", err)
 			}
-			if string(res.Status) != tc.Kstatus {
-				t.Errorf("kstatus %s (%q), want %s", res.Status, res.Message, tc.Kstatus)
+			if got != tc.Kstatus {
+				t.Errorf("kstatus %s (%q), want %s", got, msg, tc.Kstatus)
 			}
 		})
 	}
