@@ -28,6 +28,9 @@ type Config struct {
 	Sink      Sink      `json:"sink"`
 	Delivery  Delivery  `json:"delivery"`
 	Retention Retention `json:"retention"`
+	// Emit, when set, writes an outgoing event per new message to the
+	// inbox's outbox table in the claim transaction; the relay publishes it.
+	Emit *Emit `json:"emit,omitempty"`
 	// HealthAddr serves /metrics, /healthz and /readyz, e.g. ":8080".
 	HealthAddr string `json:"healthAddr,omitempty"`
 }
@@ -355,6 +358,9 @@ func (c *Config) Default() {
 	}
 	c.Delivery.defaults()
 	c.Source.defaults(c.Delivery)
+	if c.Emit != nil && c.Emit.When == "" {
+		c.Emit.When = EmitAlways
+	}
 	if h := c.Sink.Effect.HTTP; h != nil {
 		if h.Method == "" {
 			h.Method = "POST"
@@ -459,6 +465,7 @@ func (c *Config) Validate() error {
 		bad("sink.layout", "must be Table or Partitioned, got %q", s.Layout)
 	}
 	c.validateEffect(bad, ident)
+	c.validateEmit(bad)
 	c.Delivery.validate(bad)
 	return errors.Join(errs...)
 }

@@ -279,13 +279,18 @@ func (c *Consumer) claimAndApply(ctx context.Context, tx pgx.Tx, recs []*extract
 		}
 	}
 	out.duplicates = len(recs) - len(newRecs)
+	dls = append([]deadLetter(nil), dls...) // the caller may retry with its own slice
+	var emit emitBatch
+	newRecs, emit, dls = c.prepareEmit(newRecs, dls)
 	res, err := eff.Apply(ctx, tx, newRecs)
 	if err != nil {
 		return out, nil, err
 	}
+	if err := c.writeEmit(ctx, tx, emit, res); err != nil {
+		return out, nil, err
+	}
 	out.applied, out.stale = res.Applied, res.Stale
-	released := make([]string, 0, len(res.Failed))
-	dls = append([]deadLetter(nil), dls...) // the caller may retry with its own slice
+	released := emit.released
 	for _, f := range res.Failed {
 		m := newRecs[f.Index]
 		released = append(released, m.ID)

@@ -18,6 +18,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/outbox"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
@@ -57,6 +58,11 @@ type Consumer struct {
 
 	// onPayloadMismatch is message.onPayloadMismatch (see idConflicts).
 	onPayloadMismatch string
+
+	// emit writes the outbox rows of spec.emit (nil without it);
+	// emitTracked says the effect reports which records changed state.
+	emit        *outbox.Writer
+	emitTracked bool
 
 	dbReady    atomic.Bool
 	fetchReady atomic.Bool
@@ -100,11 +106,20 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 			return nil, err
 		}
 	}
-	return &Consumer{
+	c := &Consumer{
 		src: src, pool: pool, store: store, effect: eff, id: id, key: key,
 		delivery: cfg.Delivery, metrics: metrics, onPayloadMismatch: cfg.Message.OnPayloadMismatch,
 		log: logger.WithValues("consumer", cfg.Name),
-	}, nil
+	}
+	if cfg.Emit != nil {
+		if c.emit, err = outbox.NewWriter(cfg.Emit, key); err != nil {
+			return nil, err
+		}
+		if c.emit.OnlyChanged() {
+			c.emitTracked = effect.TrackChanges(eff)
+		}
+	}
+	return c, nil
 }
 
 // Ready reports whether the database answered, the source delivered (or

@@ -39,6 +39,22 @@ type Result struct {
 	Stale int
 	// Failed lists records that could not be applied; the others were.
 	Failed []Failure
+	// Changed lists (ascending indexes into recs) the records whose effect
+	// changed state. Only an upsert after TrackChanges fills it: there a
+	// record refused by the sequence gate or superseded in its batch did
+	// not change anything.
+	Changed []int
+}
+
+// TrackChanges makes an upsert report Result.Changed (one statement that
+// also returns the positions of the rows it wrote) and reports true; the
+// other effects change state with every applied record and report false.
+func TrackChanges(e Effect) bool {
+	if u, ok := e.(*upsertEffect); ok {
+		u.track = true
+		return true
+	}
+	return false
 }
 
 // Failure is one record that could not be applied.

@@ -137,6 +137,10 @@ type upsertEffect struct {
 	// entity sequence, else nil (arrival order: the last one wins).
 	seq  func(*Record) (int64, error)
 	stmt string
+	// changes, when set (TrackChanges), replaces stmt and fills
+	// Result.Changed.
+	changes string
+	track   bool
 }
 
 func newUpsert(cfg *config.Upsert, schema string, entity *config.Entity) (*upsertEffect, error) {
@@ -155,7 +159,9 @@ func newUpsert(cfg *config.Upsert, schema string, entity *config.Entity) (*upser
 	if err := u.setSequence(cfg, entity); err != nil {
 		return nil, err
 	}
-	u.stmt = upsertStatement(rb, pgx.Identifier{schema, cfg.Table}.Sanitize(), cfg.Key, cfg.SequenceColumn)
+	table := pgx.Identifier{schema, cfg.Table}.Sanitize()
+	u.stmt = upsertStatement(rb, table, cfg.Key, cfg.SequenceColumn)
+	u.changes = changesStatement(rb, table, cfg.Key, cfg.SequenceColumn)
 	return u, nil
 }
 
@@ -179,6 +185,24 @@ func (u *upsertEffect) setSequence(cfg *config.Upsert, entity *config.Entity) er
 }
 
 func upsertStatement(rb rowBuilder, table string, key []string, seqCol string) string {
+	return upsertInsert(rb, table, `jsonb_populate_recordset(NULL::`+table+`, $1::jsonb)`, key, seqCol) + ` RETURNING 1`
+}
+
+// changesStatement is the upsert that also reports which rows it wrote: it
+// returns the 1-based positions (in the batch array) of the rows the gate
+// let through (inserted or updated). Used for emit.when: Changed.
+func changesStatement(rb rowBuilder, table string, key []string, seqCol string) string {
+	keys := make([]string, len(key))
+	for i, k := range key {
+		keys[i] = ident(k)
+	}
+	keyList := strings.Join(keys, ", ")
+	return `WITH src AS (SELECT * FROM jsonb_populate_recordset(NULL::` + table + `, $1::jsonb) WITH ORDINALITY), ` +
+		`up AS (` + upsertInsert(rb, table, `src`, key, seqCol) + ` RETURNING ` + keyList + `) ` +
+		`SELECT src.ordinality FROM src JOIN up USING (` + keyList + `)`
+}
+
+func upsertInsert(rb rowBuilder, table, from string, key []string, seqCol string) string {
 	cols := rb.columnList()
 	keys := make([]string, len(key))
 	for i, k := range key {
@@ -191,9 +215,9 @@ func upsertStatement(rb rowBuilder, table string, key []string, seqCol string) s
 		}
 	}
 	stmt := `INSERT INTO ` + table + ` AS cur (` + cols + `) SELECT ` + cols +
-		` FROM jsonb_populate_recordset(NULL::` + table + `, $1::jsonb) ON CONFLICT (` + strings.Join(keys, ", ") + `) `
+		` FROM ` + from + ` ON CONFLICT (` + strings.Join(keys, ", ") + `) `
 	if len(sets) == 0 {
-		return stmt + `DO NOTHING RETURNING 1`
+		return stmt + `DO NOTHING`
 	}
 	stmt += `DO UPDATE SET ` + strings.Join(sets, ", ")
 	if seqCol != "" {
@@ -202,15 +226,16 @@ func upsertStatement(rb rowBuilder, table string, key []string, seqCol string) s
 		s := ident(seqCol)
 		stmt += ` WHERE cur.` + s + ` IS NULL OR cur.` + s + ` < EXCLUDED.` + s
 	}
-	return stmt + ` RETURNING 1`
+	return stmt
 }
 
 func (u *upsertEffect) Transactional() bool { return true }
 
 // candidate is the record currently winning for one key.
 type candidate struct {
-	row []byte
-	seq int64
+	row   []byte
+	seq   int64
+	index int // into the recs of Apply
 }
 
 func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
@@ -221,6 +246,7 @@ func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Re
 	var buf arena
 	for i, m := range recs {
 		key, c, err := u.evaluate(&buf, m)
+		c.index = i
 		if err != nil {
 			res.Failed = append(res.Failed, Failure{Index: i, Err: err})
 			continue
@@ -246,11 +272,33 @@ func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Re
 	for i, k := range order {
 		rows[i] = winners[k].row
 	}
+	if u.track {
+		return u.applyTracked(ctx, tx, order, winners, rows, valid, res)
+	}
 	tag, err := tx.Exec(ctx, u.stmt, jsonArray(rows))
 	if err != nil {
 		return res, fmt.Errorf("while upserting %d rows: %w", len(rows), err)
 	}
 	res.Applied = int(tag.RowsAffected())
+	res.Stale = valid - res.Applied
+	return res, nil
+}
+
+// applyTracked runs the changes statement and lists the records it wrote.
+func (u *upsertEffect) applyTracked(ctx context.Context, tx pgx.Tx, order []string, winners map[string]candidate, rows [][]byte, valid int, res Result) (Result, error) {
+	out, err := tx.Query(ctx, u.changes, jsonArray(rows))
+	if err != nil {
+		return res, fmt.Errorf("while upserting %d rows: %w", len(rows), err)
+	}
+	positions, err := pgx.CollectRows(out, pgx.RowTo[int64])
+	if err != nil {
+		return res, fmt.Errorf("while upserting %d rows: %w", len(rows), err)
+	}
+	for _, p := range positions {
+		res.Changed = append(res.Changed, winners[order[p-1]].index)
+	}
+	sort.Ints(res.Changed)
+	res.Applied = len(positions)
 	res.Stale = valid - res.Applied
 	return res, nil
 }

@@ -95,8 +95,8 @@ func TestMigrateFromVersion1(t *testing.T) {
 			if err := s.Migrate(ctx); err != nil {
 				t.Fatalf("second migrate: %v", err)
 			}
-			if v, err := s.SchemaVersion(ctx); err != nil || v != 2 {
-				t.Fatalf("schema version %d, %v; want 2", v, err)
+			if v, err := s.SchemaVersion(ctx); err != nil || v != SchemaVersion {
+				t.Fatalf("schema version %d, %v; want %d", v, err, SchemaVersion)
 			}
 			var nulls int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM idc.inbox_orders WHERE fingerprint IS NULL`).Scan(&nulls); err != nil {

@@ -138,6 +138,20 @@ func (s *Store) ddl() []string {
 			reason         text
 		)`,
 		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Redrives, "_run_idx"))+` ON `+s.redrives+` (run)`,
+		// Schema version 3: the transactional outbox (spec.emit). shard
+		// is a hash of the entity key (else the message id): one relay at
+		// a time publishes a shard, in id order, which keeps per-key order.
+		`CREATE TABLE IF NOT EXISTS `+s.outbox+` (
+			id         bigserial PRIMARY KEY,
+			event_id   text NOT NULL UNIQUE,
+			source_id  text NOT NULL,
+			shard      smallint NOT NULL,
+			payload    bytea NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(),
+			sent_at    timestamptz
+		)`,
+		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Outbox, "_unsent_idx"))+
+			` ON `+s.outbox+` (shard, id) WHERE sent_at IS NULL`,
 		`CREATE TABLE IF NOT EXISTS `+s.meta+` (
 			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
 			schema_version int NOT NULL,
@@ -205,6 +219,7 @@ func (s *Store) Drop(ctx context.Context) error {
 			"DROP TABLE IF EXISTS " + s.pruneRuns,
 			"DROP TABLE IF EXISTS " + s.redrives,
 			"DROP TABLE IF EXISTS " + s.idConflicts,
+			"DROP TABLE IF EXISTS " + s.outbox,
 			"DROP TABLE IF EXISTS " + s.meta,
 		})
 	})

@@ -24,7 +24,10 @@ import (
 // 2 added the payload fingerprint of every claimed id (id conflicts) and
 // the redrives and id-conflicts tables; migrating from 1 is online (a
 // nullable column, no rewrite) and idempotent.
-const SchemaVersion = 2
+//
+// 3 added the <inbox>_outbox table (spec.emit); migrating from 2 only
+// creates tables and an index, so it is online and idempotent too.
+const SchemaVersion = 3
 
 // maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
 // silently, which would make derived names collide.
@@ -45,6 +48,7 @@ type Names struct {
 	PruneRuns   string
 	Redrives    string
 	IDConflicts string
+	Outbox      string
 	Meta        string
 }
 
@@ -62,6 +66,7 @@ func NamesFor(sink config.Sink) Names {
 		PruneRuns:   DerivedName(sink.InboxTable, "_prune_runs"),
 		Redrives:    DerivedName(sink.InboxTable, "_redrives"),
 		IDConflicts: DerivedName(sink.InboxTable, "_id_conflicts"),
+		Outbox:      DerivedName(sink.InboxTable, "_outbox"),
 		Meta:        DerivedName(sink.InboxTable, "_meta"),
 	}
 }
@@ -82,7 +87,7 @@ type Store struct {
 	layout config.Layout
 	names  Names
 
-	inbox, deadLetters, pruneRuns, redrives, idConflicts, meta string // quoted, schema-qualified
+	inbox, deadLetters, pruneRuns, redrives, idConflicts, outbox, meta string // quoted, schema-qualified
 	// lockKey scopes advisory locks to this inbox, so two inboxes in one
 	// database never wait on each other.
 	lockKey int32
@@ -108,6 +113,7 @@ func New(pool *pgxpool.Pool, sink config.Sink) (*Store, error) {
 		pruneRuns:   qualify(n.Schema, n.PruneRuns),
 		redrives:    qualify(n.Schema, n.Redrives),
 		idConflicts: qualify(n.Schema, n.IDConflicts),
+		outbox:      qualify(n.Schema, n.Outbox),
 		meta:        qualify(n.Schema, n.Meta),
 		lockKey:     int32(crc32.ChecksumIEEE([]byte(n.Schema + "." + n.Inbox))),
 		partitions:  partitionCache{known: map[time.Time]bool{}},

@@ -94,8 +94,12 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		// One connection per in-flight transaction, plus the stats and
-		// partition upkeep.
-		pc.MaxConns = max(pc.MaxConns, int32(cfg.Delivery.InFlight)+2)
+		// partition upkeep; with emit, one per relay worker as well.
+		conns := cfg.Delivery.InFlight + 2
+		if cfg.Emit != nil {
+			conns += cfg.Delivery.InFlight
+		}
+		pc.MaxConns = max(pc.MaxConns, int32(conns))
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {

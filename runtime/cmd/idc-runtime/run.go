@@ -19,6 +19,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/consumer"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/outbox"
 	"github.com/idempotency-dev/idc-operator/runtime/server"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	"github.com/idempotency-dev/idc-operator/runtime/source/open"
@@ -29,6 +30,7 @@ import (
 const (
 	failpointEnv         = "IDC_FAILPOINT"
 	failpointAfterCommit = "after-commit-before-ack"
+	failpointAfterRelay  = "relay-after-publish-before-mark"
 )
 
 // shutdownTimeout bounds the HTTP server's shutdown after the loop stopped.
@@ -92,9 +94,21 @@ func armFailpoint(value string, log logr.Logger) error {
 			time.Sleep(time.Hour) // the signal is asynchronous; never return to the ack
 		}
 		return nil
+	case failpointAfterRelay:
+		log.Info("CHAOS FAILPOINT ARMED: the process will SIGKILL itself after the outbox relay's first publish, before marking it sent",
+			"env", failpointEnv, "value", value)
+		relayAfterPublish = func() error {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Hour) // never reach the mark-sent commit
+			return nil
+		}
+		return nil
 	}
-	return withCode(exitUsage, fmt.Errorf("%s=%q is not a known failpoint (only %q)", failpointEnv, value, failpointAfterCommit))
+	return withCode(exitUsage, fmt.Errorf("%s=%q is not a known failpoint (only %q, %q)", failpointEnv, value, failpointAfterCommit, failpointAfterRelay))
 }
+
+// relayAfterPublish is the relay's failpoint hook (nil unless armed).
+var relayAfterPublish func() error
 
 // runConsumer serves the probes and metrics, gets the database and broker
 // ready (retrying while either is down), and runs the loop until ctx ends.
@@ -133,7 +147,13 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 			cancel(err)
 		}
 	}()
-	if err := consume(ctx, cfg, log, consumerName, pool, metrics, state, ops); err != nil {
+	var relayMetrics *outbox.Metrics
+	if cfg.Emit != nil {
+		if relayMetrics, err = outbox.NewMetrics(reg); err != nil {
+			return err
+		}
+	}
+	if err := consume(ctx, cfg, log, consumerName, pool, metrics, relayMetrics, state, ops); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -143,7 +163,7 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	return nil
 }
 
-func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, state *loopState, ops *opsGauges) error {
+func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, relayMetrics *outbox.Metrics, state *loopState, ops *opsGauges) error {
 	store, err := inbox.New(pool, cfg.Sink)
 	if err != nil {
 		return withCode(exitUsage, err)
@@ -177,6 +197,18 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	watched.Source = src
 	state.touch()
 	go ops.refresh(ctx, cfg, store, log)
+	if cfg.Emit != nil {
+		relay, ok := openRelay(ctx, cfg, log, pool, store, relayMetrics)
+		if !ok {
+			return nil
+		}
+		defer relay.Publisher.Close()
+		go func() {
+			if err := relay.Run(ctx); err != nil {
+				log.Error(err, "Outbox relay stopped")
+			}
+		}()
+	}
 	log.Info("Consuming", "source", cfg.Source.Kind(), "effect", cfg.Sink.Effect.Kind(),
 		"inbox", store.QualifiedInbox(), "layout", string(cfg.Sink.Layout))
 	if err := c.Run(ctx); err != nil {
@@ -191,4 +223,22 @@ func shutdownServer(srv *server.Server, log logr.Logger) {
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Error(err, "Shutting the metrics and health server down failed")
 	}
+}
+
+// openRelay connects the emit target (retrying while it is down) and builds
+// this replica's outbox relay. It reports false when ctx ended first.
+func openRelay(ctx context.Context, cfg *config.Config, log logr.Logger, pool *pgxpool.Pool, store *inbox.Store, metrics *outbox.Metrics) (*outbox.Relay, bool) {
+	pub, ok := retry(ctx, log, "open emit target", cfg.Delivery, func(context.Context) (outbox.Publisher, error) {
+		return outbox.NewPublisher(cfg.Emit)
+	})
+	if !ok {
+		return nil, false
+	}
+	d := cfg.Delivery
+	return &outbox.Relay{
+		Store: store, Pool: pool, Publisher: pub, Metrics: metrics, Log: log.WithName("outbox"),
+		BatchSize: d.BatchSize, Workers: d.InFlight, Poll: d.MaxWait.Duration,
+		BackoffInitial: d.BackoffInitial.Duration, BackoffMax: d.BackoffMax.Duration,
+		AfterPublish: relayAfterPublish,
+	}, true
 }

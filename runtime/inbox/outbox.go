@@ -1,0 +1,108 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// OutboxShards is how many shards the outbox rows are spread over. One
+// relay at a time owns a shard (a transaction advisory lock) and publishes
+// its rows in id order; different shards are published in parallel.
+const OutboxShards = 16
+
+// OutboxRow is one outgoing event, written with the claim of its message.
+type OutboxRow struct {
+	// EventID is the stable derived id (the broker's dedup key).
+	EventID  string
+	SourceID string
+	Shard    int
+	Payload  []byte
+}
+
+// PendingEvent is an unsent outbox row claimed by the relay.
+type PendingEvent struct {
+	ID        int64
+	EventID   string
+	Payload   []byte
+	CreatedAt time.Time
+}
+
+// WriteOutbox inserts rows in tx (the claim transaction). An event id
+// already present is kept as it is: the event was recorded before.
+func (s *Store) WriteOutbox(ctx context.Context, tx pgx.Tx, rows []OutboxRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	ids := make([]string, len(rows))
+	srcs := make([]string, len(rows))
+	shards := make([]int16, len(rows))
+	payloads := make([][]byte, len(rows))
+	for i, r := range rows {
+		ids[i], srcs[i], shards[i], payloads[i] = r.EventID, r.SourceID, int16(r.Shard), r.Payload
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+s.outbox+` (event_id, source_id, shard, payload)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[])
+		ON CONFLICT (event_id) DO NOTHING`, ids, srcs, shards, payloads)
+	if err != nil {
+		return fmt.Errorf("while writing %d outbox rows: %w", len(rows), err)
+	}
+	return nil
+}
+
+// ClaimOutboxShard takes shard's relay lock in tx and locks up to limit of
+// its unsent rows in id order (FOR UPDATE SKIP LOCKED). ok is false when
+// another relay owns the shard right now.
+func (s *Store) ClaimOutboxShard(ctx context.Context, tx pgx.Tx, shard, limit int) (events []PendingEvent, ok bool, err error) {
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::int, $2::int)`, s.lockKey, 1000+shard).Scan(&ok); err != nil {
+		return nil, false, fmt.Errorf("while taking the relay lock of outbox shard %d: %w", shard, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT id, event_id, payload, created_at FROM `+s.outbox+`
+		WHERE sent_at IS NULL AND shard = $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, shard, limit)
+	if err != nil {
+		return nil, true, fmt.Errorf("while claiming outbox shard %d: %w", shard, err)
+	}
+	events, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PendingEvent, error) {
+		var e PendingEvent
+		return e, r.Scan(&e.ID, &e.EventID, &e.Payload, &e.CreatedAt)
+	})
+	if err != nil {
+		return nil, true, fmt.Errorf("while reading outbox shard %d: %w", shard, err)
+	}
+	return events, true, nil
+}
+
+// MarkOutboxSent marks rows sent in tx, the transaction that claimed them.
+func (s *Store) MarkOutboxSent(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+s.outbox+` SET sent_at = now() WHERE id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("while marking %d outbox rows sent: %w", len(ids), err)
+	}
+	return nil
+}
+
+// OutboxStats is the outbox backlog.
+type OutboxStats struct {
+	Pending   int64
+	OldestAge time.Duration
+}
+
+// OutboxStats counts unsent rows and the age of the oldest (database clock).
+func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
+	var st OutboxStats
+	var age float64
+	err := s.pool.QueryRow(ctx, `SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
+		FROM `+s.outbox+` WHERE sent_at IS NULL`).Scan(&st.Pending, &age)
+	if err != nil {
+		return st, fmt.Errorf("while reading outbox stats: %w", err)
+	}
+	st.OldestAge = time.Duration(age * float64(time.Second))
+	return st, nil
+}
