@@ -272,4 +272,3 @@ func (r *relayRunner) stop(t *testing.T) {
 		t.Error("idc_outbox_published_total stayed 0")
 	}
 }
-
