@@ -24,6 +24,10 @@ const (
 	envTLSCA         = "IDC_TLS_CA"
 	envTLSCert       = "IDC_TLS_CERT"
 	envTLSKey        = "IDC_TLS_KEY"
+	envEmitNATSCreds = "IDC_EMIT_NATS_CREDENTIALS"
+	envEmitTLSCA     = "IDC_EMIT_TLS_CA"
+	envEmitTLSCert   = "IDC_EMIT_TLS_CERT"
+	envEmitTLSKey    = "IDC_EMIT_TLS_KEY"
 
 	healthPort = 8080
 )
@@ -94,6 +98,7 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 	if s.Delivery.DeadLetter != nil {
 		cfg.Sink.DeadLetterTable = string(s.Delivery.DeadLetter.Table)
 	}
+	cfg.Emit = renderEmit(s.Emit, addSecret)
 	cfg.Default()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rendering the runtime config: %w", err)
@@ -145,15 +150,44 @@ func dur(d messagingv1alpha1.Duration) config.Duration {
 }
 
 func renderTLS(t *messagingv1alpha1.TLSSpec, addSecret func(string, *messagingv1alpha1.SecretKeyRef) string) *config.TLS {
+	return renderTLSAs(t, [3]string{envTLSCA, envTLSCert, envTLSKey}, addSecret)
+}
+
+// renderTLSAs renders a TLS block whose CA, certificate and key reach the
+// pod in the env variables named by env (the emit target has its own).
+func renderTLSAs(t *messagingv1alpha1.TLSSpec, env [3]string, addSecret func(string, *messagingv1alpha1.SecretKeyRef) string) *config.TLS {
 	if t == nil {
 		return nil
 	}
 	return &config.TLS{
-		CAEnv:              addSecret(envTLSCA, t.CASecretRef),
-		CertEnv:            addSecret(envTLSCert, t.CertSecretRef),
-		KeyEnv:             addSecret(envTLSKey, t.KeySecretRef),
+		CAEnv:              addSecret(env[0], t.CASecretRef),
+		CertEnv:            addSecret(env[1], t.CertSecretRef),
+		KeyEnv:             addSecret(env[2], t.KeySecretRef),
 		InsecureSkipVerify: t.InsecureSkipVerify,
 	}
+}
+
+// renderEmit renders spec.emit; its credentials come from Secrets through
+// env variables of their own, beside the source's.
+func renderEmit(e *messagingv1alpha1.EmitSpec, addSecret func(string, *messagingv1alpha1.SecretKeyRef) string) *config.Emit {
+	if e == nil {
+		return nil
+	}
+	out := &config.Emit{When: string(e.When)}
+	if len(e.Payload) > 0 {
+		out.Payload = make(map[string]string, len(e.Payload))
+		for k, v := range e.Payload {
+			out.Payload[k] = string(v)
+		}
+	}
+	if j := e.NATSJetStream; j != nil {
+		out.NATSJetStream = &config.EmitJetStream{
+			URL: j.URL, Subject: j.Subject,
+			CredentialsEnv: addSecret(envEmitNATSCreds, j.CredentialsSecretRef),
+			TLS:            renderTLSAs(j.TLS, [3]string{envEmitTLSCA, envEmitTLSCert, envEmitTLSKey}, addSecret),
+		}
+	}
+	return out
 }
 
 func renderSource(src messagingv1alpha1.SourceSpec, addSecret func(string, *messagingv1alpha1.SecretKeyRef) string) config.Source {

@@ -39,6 +39,7 @@ type IdempotentConsumer struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.upsert) || (self.sink.effect.upsert.table != self.sink.inbox.table && self.sink.effect.upsert.table != (has(self.delivery) && has(self.delivery.deadLetter) ? self.delivery.deadLetter.table : self.sink.inbox.table + '_dead_letters'))",message="the effect table must not be the inbox table or the dead-letter table",fieldPath=".sink.effect.upsert.table"
 // +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.append) || (self.sink.effect.append.table != self.sink.inbox.table && self.sink.effect.append.table != (has(self.delivery) && has(self.delivery.deadLetter) ? self.delivery.deadLetter.table : self.sink.inbox.table + '_dead_letters'))",message="the effect table must not be the inbox table or the dead-letter table",fieldPath=".sink.effect.append.table"
 // +kubebuilder:validation:XValidation:rule="!has(self.delivery) || !has(self.delivery.deadLetter) || self.delivery.deadLetter.table != self.sink.inbox.table",message="the dead-letter table must not be the inbox table",fieldPath=".delivery.deadLetter.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.emit) || !has(self.sink.effect.http)",message="emit is not supported with the http effect: the call runs outside the claim transaction",fieldPath=".emit"
 type IdempotentConsumerSpec struct {
 	// suspend scales the runtime consumer to zero replicas. Pruning goes on.
 	// +optional
@@ -66,6 +67,11 @@ type IdempotentConsumerSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Retention RetentionSpec `json:"retention,omitempty"`
+
+	// emit, when set, publishes an event per new message through a
+	// transactional outbox (the event commits with the claim and the effect).
+	// +optional
+	Emit *EmitSpec `json:"emit,omitempty"`
 
 	// runtime configures the consumer Deployment.
 	// +kubebuilder:default={}

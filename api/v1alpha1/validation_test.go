@@ -68,7 +68,7 @@ var _ = Describe("samples", func() {
 			Expect(err).NotTo(HaveOccurred())
 			all.Write(b)
 		}
-		for _, want := range []string{"natsJetStream:", "kafka:", "rabbitmq:", "redisStreams:", "upsert:", "append:", "sql:", "http:"} {
+		for _, want := range []string{"natsJetStream:", "kafka:", "rabbitmq:", "redisStreams:", "upsert:", "append:", "sql:", "http:", "emit:"} {
 			Expect(all.String()).To(ContainSubstring(want))
 		}
 	})
@@ -250,6 +250,30 @@ var _ = Describe("invalid resources", func() {
 		"sql statement with a command after a quoted ';'": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.effect", m{"sql": m{"statement": "UPDATE a SET s = ';' WHERE id = :id;DROP TABLE a", "params": m{"id": "$.id"}}})
 		}, "spec.sink.effect.sql.statement", "exactly one command"},
+		"emit without a target": {func(o *unstructured.Unstructured) { set(o, "spec.emit", m{"when": "Always"}) },
+			"spec.emit", "exactly one emit target must be set"},
+		"emit url with credentials": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://user:secret@nats:4222", "subject": "out"}})
+		}, "spec.emit.natsJetStream.url", "must not carry credentials"},
+		"emit url scheme": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "http://nats:4222", "subject": "out"}})
+		}, "spec.emit.natsJetStream.url", "url must start with nats://"},
+		"emit subject with a wildcard": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out.>"}})
+		}, "spec.emit.natsJetStream.subject", "should match"},
+		"emit without subject": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222"}})
+		}, "spec.emit.natsJetStream.subject", "Required value"},
+		"emit when unknown": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "when": "Sometimes"})
+		}, "spec.emit.when", "Unsupported value"},
+		"emit payload value not an expression": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "payload": m{"status": "status"}})
+		}, "spec.emit.payload.status", "should match"},
+		"emit with the http effect": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect", m{"http": m{"url": "https://billing/charge"}})
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}})
+		}, "spec.emit", "emit is not supported with the http effect"},
 		"redis address without port": {func(o *unstructured.Unstructured) {
 			set(o, "spec.source", m{"redisStreams": m{"address": "redis", "stream": "s", "group": "g"}})
 		}, "spec.source.redisStreams.address", "should match"},
@@ -314,6 +338,15 @@ var _ = Describe("invalid resources", func() {
 		set(obj, "spec.sink.effect", m{"http": m{"url": "https://billing/charge?by=ops@example.com"}})
 		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
 		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+	})
+
+	It("accepts an emit with only a target and defaults when to Always", func() {
+		obj := base()
+		set(obj, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "order-projected"}})
+		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
+		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+		when, _, _ := unstructured.NestedString(obj.Object, "spec", "emit", "when")
+		Expect(when).To(Equal("Always"))
 	})
 
 	It("still allows changing mutable fields", func() {

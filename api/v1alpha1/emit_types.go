@@ -1,0 +1,63 @@
+package v1alpha1
+
+// EmitSpec is the transactional outbox: for every new message an event is
+// written to <inbox>_outbox in the same transaction as the claim and the
+// effect, and the runtime's relay publishes it at least once with a stable
+// derived id (the first 32 hex digits of SHA-256(message id + NUL + target),
+// target being "natsJetStream:<subject>"), set as the broker's dedup key. A
+// downstream IdempotentConsumer dedupes on it (message.id.header:
+// Nats-Msg-Id), so a chain of consumers is exactly-once end to end.
+// +kubebuilder:validation:XValidation:rule="[has(self.natsJetStream)].filter(x, x).size() == 1",message="exactly one emit target must be set (natsJetStream)"
+type EmitSpec struct {
+	// natsJetStream publishes to a subject that a JetStream stream captures.
+	// +optional
+	NATSJetStream *NATSJetStreamEmit `json:"natsJetStream,omitempty"`
+	// payload maps output field names to value expressions (the same
+	// expressions as effect columns). Default: the incoming payload as it is.
+	// +kubebuilder:validation:MinProperties=1
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) > 0 && size(k) <= 255)",message="payload field names must be 1 to 255 characters"
+	// +optional
+	Payload map[string]ValueExpression `json:"payload,omitempty"`
+	// when decides which new messages emit. Always: every new message whose
+	// effect was applied. Changed: for upsert, only messages the sequence
+	// gate let through (a stale or superseded update emits nothing); for
+	// append and sql every applied message changes state, so Changed is the
+	// same as Always there.
+	// +kubebuilder:default=Always
+	// +optional
+	When EmitWhen `json:"when,omitempty"`
+}
+
+// EmitWhen is when a new message emits its event.
+// +kubebuilder:validation:Enum=Always;Changed
+type EmitWhen string
+
+// Values of EmitWhen.
+const (
+	EmitAlways  EmitWhen = "Always"
+	EmitChanged EmitWhen = "Changed"
+)
+
+// NATSJetStreamEmit is the JetStream subject events are published to, with
+// Nats-Msg-Id = the derived event id.
+type NATSJetStreamEmit struct {
+	// url of the NATS server, e.g. nats://nats:4222.
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(nats|tls|ws|wss)://.+')",message="url must start with nats://, tls://, ws:// or wss://"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('(^|,)[ ]*[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#,]*@')",message="url must not carry credentials (user info); use credentialsSecretRef"
+	// +required
+	URL string `json:"url"`
+	// subject to publish to; no wildcards. A stream must capture it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[^.*>\s]+(\.[^.*>\s]+)*$`
+	// +required
+	Subject string `json:"subject"`
+	// credentialsSecretRef holds a NATS .creds file.
+	// +optional
+	CredentialsSecretRef *SecretKeyRef `json:"credentialsSecretRef,omitempty"`
+	// tls towards the server.
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+}
