@@ -28,6 +28,7 @@ func TestBinary(t *testing.T) {
 	t.Run("GracefulStopCommitsInFlightWork", func(t *testing.T) { gracefulStop(t, bin) })
 	t.Run("DatabaseDownAtStartupRetriesUnready", func(t *testing.T) { databaseDown(t, bin) })
 	t.Run("FailpointKillsBetweenCommitAndAck", func(t *testing.T) { failpoint(t, bin) })
+	t.Run("RelayFailpointKillsBetweenPublishAndMark", func(t *testing.T) { relayFailpoint(t, bin) })
 }
 
 func buildBinary(t *testing.T) string {

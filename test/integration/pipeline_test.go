@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -270,5 +271,62 @@ func (r *relayRunner) stop(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(r.metrics.Published); n == 0 {
 		t.Error("idc_outbox_published_total stayed 0")
+	}
+}
+
+// relayFailpoint is the pipeline with the real binary as stage A, armed with
+// IDC_FAILPOINT=relay-after-publish-before-mark: it SIGKILLs itself once the
+// stream confirmed its relay's first batch and before the batch is marked
+// sent. Restarted, it publishes those rows again (after stage B's duplicate
+// window); stage B applies each original order once.
+func relayFailpoint(t *testing.T, bin string) {
+	const unique = 500
+	in := newJetStream(t, 2*time.Second)
+	mid := newJetStream(t, 2*time.Second)
+	shortenDuplicateWindow(t, mid)
+	db := newDatabase(t)
+	db.exec(t, "CREATE SCHEMA app",
+		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
+		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int)")
+	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), mid.subject+".projected", config.EmitAlways)
+	b := stageBConfig(mid.sourceConfig(), a.Sink.DSNEnv)
+	migrateInbox(t, db, b)
+	in.publish(t, withDuplicates(keyedEvents(unique, 20), dupShare, rand.New(rand.NewPCG(5, 6))))
+
+	p := startBinary(t, bin, a, "IDC_FAILPOINT=relay-after-publish-before-mark")
+	st := p.wait(t, 60*time.Second)
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("exit state %s, want killed by SIGKILL", st)
+	}
+	unsent := db.queryInt(t, "SELECT count(*) FROM app.inbox_projector_outbox WHERE sent_at IS NULL")
+	if first := streamMessages(t, mid); first == 0 || unsent == 0 {
+		t.Fatalf("after the failpoint: %d events in stage B's stream, %d outbox rows unsent; want a published batch left unmarked", first, unsent)
+	}
+	time.Sleep(2 * stageBDuplicateWindow) // let the stream forget the ids, so only B's inbox dedupes
+
+	p2 := startBinary(t, bin, a)
+	waitFor(t, 60*time.Second, "stage A to drain its input and its outbox", func() error {
+		if err := in.drained(context.Background()); err != nil {
+			return err
+		}
+		if n := db.queryInt(t, "SELECT count(*) FROM app.inbox_projector_outbox WHERE sent_at IS NULL"); n != 0 {
+			return fmt.Errorf("%d outbox rows unsent", n)
+		}
+		return nil
+	})
+	expectCleanExit(t, p2, p2.terminate(t))
+	published := streamMessages(t, mid)
+	if published <= unique {
+		t.Fatalf("stage B's stream holds %d events for %d orders: the batch published before the kill was not published again", published, unique)
+	}
+	stageB := startRunner(t, b, db, "stage-b")
+	waitSettled(t, published, 60*time.Second, stageB)
+	stageB.stop(t)
+	rows := db.queryInt(t, "SELECT count(*) FROM app.projected")
+	ids := db.queryInt(t, "SELECT count(DISTINCT source_id) FROM app.projected")
+	t.Logf("PIPELINE kills=1 published=%d unique=%d final=%d doubled=%d lost=%d", published, unique, ids, rows-ids, unique-ids)
+	if rows != unique || ids != unique {
+		t.Errorf("stage B: %d rows over %d original ids, want exactly %d, one each", rows, ids, unique)
 	}
 }
