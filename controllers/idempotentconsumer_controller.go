@@ -202,6 +202,7 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, idc *messagingv1alpha1
 	}
 	r.readLastPrune(ctx, idc, rc, secrets)
 	r.readLag(ctx, idc, rc, secrets)
+	r.readOutbox(ctx, idc, rc, secrets)
 	r.reportIDConflicts(ctx, idc, rc, secrets, obs)
 	return r.reconcileRedrive(ctx, idc, rc, secrets, runtimeImageFor(idc, r.opts.RuntimeImage))
 }

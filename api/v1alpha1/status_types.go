@@ -126,6 +126,19 @@ type IdempotentConsumerStatus struct {
 	// messaging.idempotency.dev/redrive annotation.
 	// +optional
 	LastRedrive *RedriveRunStatus `json:"lastRedrive,omitempty"`
+	// outbox is the backlog of the transactional outbox (only with
+	// spec.emit), read at each retention pass.
+	// +optional
+	Outbox *OutboxStatus `json:"outbox,omitempty"`
+}
+
+// OutboxStatus is the relay's backlog: events committed and not yet
+// confirmed by the emit target.
+type OutboxStatus struct {
+	// pending counts the unsent rows of <inbox>_outbox.
+	Pending int64 `json:"pending"`
+	// oldestAge is the age of the oldest unsent row (0s when none).
+	OldestAge metav1.Duration `json:"oldestAge"`
 }
 
 // RetentionSourceKind says where the window's inputs came from.
