@@ -6,9 +6,11 @@ import "strings"
 // event is written to <inbox>_outbox in the same transaction as the claim
 // and the effect, and the relay publishes it to the target.
 type Emit struct {
-	// NATSJetStream publishes to a JetStream subject (the only target of
-	// this version).
-	NATSJetStream *EmitJetStream `json:"natsJetStream,omitempty"`
+	// Exactly one target is set.
+	NATSJetStream *EmitJetStream    `json:"natsJetStream,omitempty"`
+	Kafka         *EmitKafka        `json:"kafka,omitempty"`
+	RabbitMQ      *EmitRabbitMQ     `json:"rabbitmq,omitempty"`
+	RedisStreams  *EmitRedisStreams `json:"redisStreams,omitempty"`
 	// Payload maps output field names to value expressions (as columns);
 	// empty means the incoming payload, unchanged.
 	Payload map[string]string `json:"payload,omitempty"`
@@ -32,11 +34,49 @@ type EmitJetStream struct {
 	TLS            *TLS   `json:"tls,omitempty"`
 }
 
+// EmitKafka is a Kafka topic, written by an idempotent producer.
+type EmitKafka struct {
+	BootstrapServers []string `json:"bootstrapServers"`
+	Topic            string   `json:"topic"`
+	SASL             *SASL    `json:"sasl,omitempty"`
+	TLS              *TLS     `json:"tls,omitempty"`
+}
+
+// EmitRabbitMQ is an exchange and routing key, published with publisher
+// confirms and mandatory routing.
+type EmitRabbitMQ struct {
+	// URIEnv holds the amqp(s):// URI, credentials included.
+	URIEnv     string `json:"uriEnv"`
+	Exchange   string `json:"exchange"`
+	RoutingKey string `json:"routingKey"`
+	TLS        *TLS   `json:"tls,omitempty"`
+}
+
+// EmitRedisStreams is a Redis stream (XADD).
+type EmitRedisStreams struct {
+	Address     string `json:"address"`
+	PasswordEnv string `json:"passwordEnv,omitempty"`
+	Stream      string `json:"stream"`
+	TLS         *TLS   `json:"tls,omitempty"`
+}
+
+// EventIDHeader carries the derived event id on every target (on Redis an
+// entry field); JetStream has Nats-Msg-Id as well, RabbitMQ the message-id
+// property.
+const EventIDHeader = "Idc-Event-Id"
+
 // Target names the emit target in the derived event id; it changes when the
 // target does, so two targets of one message never share an id.
 func (e *Emit) Target() string {
-	if e.NATSJetStream != nil {
+	switch {
+	case e.NATSJetStream != nil:
 		return "natsJetStream:" + e.NATSJetStream.Subject
+	case e.Kafka != nil:
+		return "kafka:" + e.Kafka.Topic
+	case e.RabbitMQ != nil:
+		return "rabbitmq:" + e.RabbitMQ.Exchange + "/" + e.RabbitMQ.RoutingKey
+	case e.RedisStreams != nil:
+		return "redisStreams:" + e.RedisStreams.Stream
 	}
 	return ""
 }
@@ -46,10 +86,9 @@ func (c *Config) validateEmit(bad func(string, string, ...any)) {
 	if e == nil {
 		return
 	}
-	if e.NATSJetStream == nil {
-		bad("emit", "exactly one target must be set (natsJetStream)")
-	} else {
-		j := e.NATSJetStream
+	n := 0
+	if j := e.NATSJetStream; j != nil {
+		n++
 		if j.URL == "" {
 			bad("emit.natsJetStream.url", "required")
 		} else if strings.Contains(j.URL, "@") {
@@ -58,6 +97,36 @@ func (c *Config) validateEmit(bad func(string, string, ...any)) {
 		if j.Subject == "" || strings.ContainsAny(j.Subject, "*> \t\n") {
 			bad("emit.natsJetStream.subject", "required, without wildcards or spaces, got %q", j.Subject)
 		}
+	}
+	if k := e.Kafka; k != nil {
+		n++
+		if len(k.BootstrapServers) == 0 {
+			bad("emit.kafka.bootstrapServers", "required")
+		}
+		if k.Topic == "" {
+			bad("emit.kafka.topic", "required")
+		}
+	}
+	if r := e.RabbitMQ; r != nil {
+		n++
+		if r.URIEnv == "" {
+			bad("emit.rabbitmq.uriEnv", "required")
+		}
+		if r.Exchange == "" && r.RoutingKey == "" {
+			bad("emit.rabbitmq.routingKey", "required with the default exchange (it names the queue)")
+		}
+	}
+	if r := e.RedisStreams; r != nil {
+		n++
+		if r.Address == "" {
+			bad("emit.redisStreams.address", "required")
+		}
+		if r.Stream == "" {
+			bad("emit.redisStreams.stream", "required")
+		}
+	}
+	if n != 1 {
+		bad("emit", "exactly one target must be set (natsJetStream, kafka, rabbitmq, redisStreams), got %d", n)
 	}
 	switch e.When {
 	case EmitAlways, EmitChanged:

@@ -26,6 +26,7 @@ type OutboxRow struct {
 type PendingEvent struct {
 	ID        int64
 	EventID   string
+	Shard     int
 	Payload   []byte
 	CreatedAt time.Time
 }
@@ -62,14 +63,14 @@ func (s *Store) ClaimOutboxShard(ctx context.Context, tx pgx.Tx, shard, limit in
 	if !ok {
 		return nil, false, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT id, event_id, payload, created_at FROM `+s.outbox+`
+	rows, err := tx.Query(ctx, `SELECT id, event_id, shard, payload, created_at FROM `+s.outbox+`
 		WHERE sent_at IS NULL AND shard = $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, shard, limit)
 	if err != nil {
 		return nil, true, fmt.Errorf("while claiming outbox shard %d: %w", shard, err)
 	}
 	events, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PendingEvent, error) {
 		var e PendingEvent
-		return e, r.Scan(&e.ID, &e.EventID, &e.Payload, &e.CreatedAt)
+		return e, r.Scan(&e.ID, &e.EventID, &e.Shard, &e.Payload, &e.CreatedAt)
 	})
 	if err != nil {
 		return nil, true, fmt.Errorf("while reading outbox shard %d: %w", shard, err)

@@ -61,6 +61,7 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, events []inbox.Pending
 	for _, e := range events {
 		msg := &nats.Msg{Subject: p.subject, Data: e.Payload, Header: nats.Header{}}
 		msg.Header.Set(jetstream.MsgIDHeader, e.EventID)
+		msg.Header.Set(config.EventIDHeader, e.EventID)
 		f, err := p.js.PublishMsgAsync(msg)
 		if err != nil {
 			sendErr = err
@@ -85,11 +86,3 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, events []inbox.Pending
 
 // Close closes the connection.
 func (p *JetStreamPublisher) Close() { p.nc.Close() }
-
-// NewPublisher opens the publisher of the configured emit target.
-func NewPublisher(cfg *config.Emit) (Publisher, error) {
-	if cfg.NATSJetStream != nil {
-		return NewJetStreamPublisher(cfg.NATSJetStream)
-	}
-	return nil, fmt.Errorf("emit: no supported target configured")
-}

@@ -124,6 +124,9 @@ func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
 	if err != nil || !ok || len(events) == 0 {
 		return 0, err
 	}
+	// A claimed batch is published and marked even when a stop is
+	// requested meanwhile: marking it is what saves a republish.
+	ctx = context.WithoutCancel(ctx)
 	pubCtx, cancel := context.WithTimeout(ctx, publishTimeout)
 	started := time.Now()
 	n, pubErr := r.Publisher.Publish(pubCtx, events)

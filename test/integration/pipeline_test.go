@@ -330,3 +330,5 @@ func relayFailpoint(t *testing.T, bin string) {
 		t.Errorf("stage B: %d rows over %d original ids, want exactly %d, one each", rows, ids, unique)
 	}
 }
+
+func testutilPublished(r *relayRunner) float64 { return testutil.ToFloat64(r.metrics.Published) }

@@ -138,14 +138,25 @@ func clientOptions(cfg *config.Kafka, log logr.Logger) ([]kgo.Opt, error) {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.WithLogger(kgoLogger{log}),
 	}
-	if cfg.SASL != nil {
-		m, err := mechanism(cfg.SASL)
+	auth, err := AuthOptions(cfg.SASL, cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, auth...), nil
+}
+
+// AuthOptions are the client options for SASL and TLS (either may be nil),
+// shared with the outbox relay's producer.
+func AuthOptions(s *config.SASL, t *config.TLS) ([]kgo.Opt, error) {
+	var opts []kgo.Opt
+	if s != nil {
+		m, err := mechanism(s)
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, kgo.SASL(m))
 	}
-	tc, err := cfg.TLS.ClientConfig()
+	tc, err := t.ClientConfig()
 	if err != nil {
 		return nil, err
 	}
