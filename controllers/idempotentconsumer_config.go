@@ -28,6 +28,10 @@ const (
 	envEmitTLSCA     = "IDC_EMIT_TLS_CA"
 	envEmitTLSCert   = "IDC_EMIT_TLS_CERT"
 	envEmitTLSKey    = "IDC_EMIT_TLS_KEY"
+	envEmitKafkaUser = "IDC_EMIT_KAFKA_SASL_USERNAME"
+	envEmitKafkaPass = "IDC_EMIT_KAFKA_SASL_PASSWORD"
+	envEmitAMQPURI   = "IDC_EMIT_RABBITMQ_URI"
+	envEmitRedisPass = "IDC_EMIT_REDIS_PASSWORD"
 
 	healthPort = 8080
 )
@@ -180,12 +184,31 @@ func renderEmit(e *messagingv1alpha1.EmitSpec, addSecret func(string, *messaging
 			out.Payload[k] = string(v)
 		}
 	}
+	tlsEnv := [3]string{envEmitTLSCA, envEmitTLSCert, envEmitTLSKey}
 	if j := e.NATSJetStream; j != nil {
 		out.NATSJetStream = &config.EmitJetStream{
 			URL: j.URL, Subject: j.Subject,
 			CredentialsEnv: addSecret(envEmitNATSCreds, j.CredentialsSecretRef),
-			TLS:            renderTLSAs(j.TLS, [3]string{envEmitTLSCA, envEmitTLSCert, envEmitTLSKey}, addSecret),
+			TLS:            renderTLSAs(j.TLS, tlsEnv, addSecret),
 		}
+	}
+	if k := e.Kafka; k != nil {
+		out.Kafka = &config.EmitKafka{BootstrapServers: k.BootstrapServers, Topic: k.Topic, TLS: renderTLSAs(k.TLS, tlsEnv, addSecret)}
+		if k.SASL != nil {
+			out.Kafka.SASL = &config.SASL{
+				Mechanism:   string(k.SASL.Mechanism),
+				UsernameEnv: addSecret(envEmitKafkaUser, &k.SASL.UsernameSecretRef),
+				PasswordEnv: addSecret(envEmitKafkaPass, &k.SASL.PasswordSecretRef),
+			}
+		}
+	}
+	if r := e.RabbitMQ; r != nil {
+		out.RabbitMQ = &config.EmitRabbitMQ{URIEnv: addSecret(envEmitAMQPURI, &r.URISecretRef), Exchange: r.Exchange,
+			RoutingKey: r.RoutingKey, TLS: renderTLSAs(r.TLS, tlsEnv, addSecret)}
+	}
+	if r := e.RedisStreams; r != nil {
+		out.RedisStreams = &config.EmitRedisStreams{Address: r.Address, PasswordEnv: addSecret(envEmitRedisPass, r.PasswordSecretRef),
+			Stream: r.Stream, TLS: renderTLSAs(r.TLS, tlsEnv, addSecret)}
 	}
 	return out
 }

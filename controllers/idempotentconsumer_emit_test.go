@@ -54,3 +54,41 @@ func TestRenderEmitPassesCredentialsAsSecretEnv(t *testing.T) {
 		t.Errorf("when defaulted to %q, want Always", rc.Config.Emit.When)
 	}
 }
+
+func TestRenderEmitTargetsSecretEnv(t *testing.T) {
+	ref := func(name string) *messagingv1alpha1.SecretKeyRef {
+		return &messagingv1alpha1.SecretKeyRef{Name: name, Key: "k"}
+	}
+	cases := map[string]struct {
+		emit messagingv1alpha1.EmitSpec
+		env  map[string]string
+	}{
+		"kafka": {messagingv1alpha1.EmitSpec{Kafka: &messagingv1alpha1.KafkaEmit{BootstrapServers: []string{"k:9092"}, Topic: "t",
+			SASL: &messagingv1alpha1.KafkaSASL{Mechanism: "PLAIN", UsernameSecretRef: *ref("ku"), PasswordSecretRef: *ref("kp")}}},
+			map[string]string{envEmitKafkaUser: "ku", envEmitKafkaPass: "kp"}},
+		"rabbitmq": {messagingv1alpha1.EmitSpec{RabbitMQ: &messagingv1alpha1.RabbitMQEmit{URISecretRef: *ref("amqp"), RoutingKey: "q"}},
+			map[string]string{envEmitAMQPURI: "amqp"}},
+		"redisStreams": {messagingv1alpha1.EmitSpec{RedisStreams: &messagingv1alpha1.RedisStreamsEmit{Address: "r:6379", Stream: "s", PasswordSecretRef: ref("redis")}},
+			map[string]string{envEmitRedisPass: "redis"}},
+	}
+	for name, tc := range cases {
+		idc := newConsumer("orders", "ORDERS", "orders-db")
+		idc.Spec.Emit = &tc.emit
+		rc, err := renderConfig(idc)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !strings.HasPrefix(rc.Config.Emit.Target(), name+":") {
+			t.Errorf("%s: target %q", name, rc.Config.Emit.Target())
+		}
+		got := map[string]string{}
+		for _, v := range secretEnvVars(rc) {
+			got[v.Name] = v.ValueFrom.SecretKeyRef.Name
+		}
+		for env, secret := range tc.env {
+			if got[env] != secret {
+				t.Errorf("%s: env %s from Secret %q, want %q (all: %v)", name, env, got[env], secret, got)
+			}
+		}
+	}
+}

@@ -270,6 +270,24 @@ var _ = Describe("invalid resources", func() {
 		"emit payload value not an expression": {func(o *unstructured.Unstructured) {
 			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "payload": m{"status": "status"}})
 		}, "spec.emit.payload.status", "should match"},
+		"emit with two targets": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "redisStreams": m{"address": "r:6379", "stream": "s"}})
+		}, "spec.emit", "exactly one emit target must be set"},
+		"emit kafka without topic": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"kafka": m{"bootstrapServers": []string{"k:9092"}}})
+		}, "spec.emit.kafka.topic", "Required value"},
+		"emit kafka server without port": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"kafka": m{"bootstrapServers": []string{"kafka"}, "topic": "t"}})
+		}, "spec.emit.kafka.bootstrapServers[0]", "should match"},
+		"emit rabbitmq default exchange without routing key": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"rabbitmq": m{"uriSecretRef": m{"name": "r", "key": "uri"}}})
+		}, "spec.emit.rabbitmq.routingKey", "routingKey is required with the default exchange"},
+		"emit rabbitmq without uri secret": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"rabbitmq": m{"exchange": "events", "routingKey": "x"}})
+		}, "spec.emit.rabbitmq.uriSecretRef", "Required value"},
+		"emit redis address without port": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"redisStreams": m{"address": "redis", "stream": "s"}})
+		}, "spec.emit.redisStreams.address", "should match"},
 		"emit with the http effect": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.effect", m{"http": m{"url": "https://billing/charge"}})
 			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}})
@@ -338,6 +356,23 @@ var _ = Describe("invalid resources", func() {
 		set(obj, "spec.sink.effect", m{"http": m{"url": "https://billing/charge?by=ops@example.com"}})
 		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
 		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+	})
+
+	It("accepts every emit target, credentials only as Secret references", func() {
+		for _, target := range []m{
+			{"natsJetStream": m{"url": "tls://nats:4222", "subject": "order-projected.v1",
+				"credentialsSecretRef": m{"name": "nats", "key": "creds"}, "tls": m{"caSecretRef": m{"name": "ca", "key": "ca.crt"}}}},
+			{"kafka": m{"bootstrapServers": []string{"k1:9092", "k2:9092"}, "topic": "order-projected",
+				"sasl": m{"mechanism": "SCRAM-SHA-512", "usernameSecretRef": m{"name": "k", "key": "user"}, "passwordSecretRef": m{"name": "k", "key": "pass"}}}},
+			{"rabbitmq": m{"uriSecretRef": m{"name": "r", "key": "uri"}, "exchange": "events", "routingKey": "order.projected"}},
+			{"rabbitmq": m{"uriSecretRef": m{"name": "r", "key": "uri"}, "routingKey": "order-projected"}},
+			{"redisStreams": m{"address": "redis:6379", "stream": "order-projected", "passwordSecretRef": m{"name": "redis", "key": "password"}}},
+		} {
+			obj := base()
+			set(obj, "spec.emit", target)
+			Expect(k8sClient.Create(ctx, obj)).To(Succeed(), "%v", target)
+			DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+		}
 	})
 
 	It("accepts an emit with only a target and defaults when to Always", func() {
