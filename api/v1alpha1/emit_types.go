@@ -100,7 +100,7 @@ type KafkaEmit struct {
 }
 
 // RabbitMQEmit is an exchange and routing key.
-// +kubebuilder:validation:XValidation:rule="(has(self.exchange) && self.exchange != '') || (has(self.routingKey) && self.routingKey != '')",message="routingKey is required with the default exchange (it names the queue)",fieldPath=".routingKey"
+// +kubebuilder:validation:XValidation:rule="(has(self.exchange) && size(self.exchange) > 0) || (has(self.routingKey) && size(self.routingKey) > 0)",message="routingKey is required with the default exchange (it names the queue)",fieldPath=".routingKey"
 type RabbitMQEmit struct {
 	// uriSecretRef holds the amqp:// or amqps:// URI, credentials included.
 	// +required
