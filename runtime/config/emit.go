@@ -86,6 +86,29 @@ func (c *Config) validateEmit(bad func(string, string, ...any)) {
 	if e == nil {
 		return
 	}
+	if n := e.validateTarget(bad); n != 1 {
+		bad("emit", "exactly one target must be set (natsJetStream, kafka, rabbitmq, redisStreams), got %d", n)
+	}
+	switch e.When {
+	case EmitAlways, EmitChanged:
+	default:
+		bad("emit.when", "must be Always or Changed, got %q", e.When)
+	}
+	for field, expr := range e.Payload {
+		if field == "" {
+			bad("emit.payload", "field names must not be empty")
+		}
+		if err := ValidateExpression(expr); err != nil {
+			bad("emit.payload."+field, "%v", err)
+		}
+	}
+	if c.Sink.Effect.HTTP != nil {
+		bad("emit", "is not supported with the http effect (it runs outside the claim transaction)")
+	}
+}
+
+// validateTarget checks the configured targets and returns how many are set.
+func (e *Emit) validateTarget(bad func(string, string, ...any)) int {
 	n := 0
 	if j := e.NATSJetStream; j != nil {
 		n++
@@ -125,23 +148,5 @@ func (c *Config) validateEmit(bad func(string, string, ...any)) {
 			bad("emit.redisStreams.stream", "required")
 		}
 	}
-	if n != 1 {
-		bad("emit", "exactly one target must be set (natsJetStream, kafka, rabbitmq, redisStreams), got %d", n)
-	}
-	switch e.When {
-	case EmitAlways, EmitChanged:
-	default:
-		bad("emit.when", "must be Always or Changed, got %q", e.When)
-	}
-	for field, expr := range e.Payload {
-		if field == "" {
-			bad("emit.payload", "field names must not be empty")
-		}
-		if err := ValidateExpression(expr); err != nil {
-			bad("emit.payload."+field, "%v", err)
-		}
-	}
-	if c.Sink.Effect.HTTP != nil {
-		bad("emit", "is not supported with the http effect (it runs outside the claim transaction)")
-	}
+	return n
 }

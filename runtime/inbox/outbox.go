@@ -107,3 +107,27 @@ func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
 	st.OldestAge = time.Duration(age * float64(time.Second))
 	return st, nil
 }
+
+// PruneOutbox deletes outbox rows sent before now()-window (database clock)
+// in batches of batchSize, each its own short statement, until none are left
+// or maxDuration has passed. Unsent rows are never deleted, however old. It
+// returns the rows deleted.
+func (s *Store) PruneOutbox(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (int64, error) {
+	if batchSize < 1 {
+		return 0, fmt.Errorf("while pruning the outbox: batch size must be positive, got %d", batchSize)
+	}
+	stmt := `DELETE FROM ` + s.outbox + ` WHERE id = ANY(ARRAY(
+		SELECT id FROM ` + s.outbox + ` WHERE sent_at < now() - make_interval(secs => $1) LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	var deleted int64
+	for deadline := time.Now().Add(maxDuration); time.Now().Before(deadline); {
+		tag, err := s.pool.Exec(ctx, stmt, window.Seconds(), batchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("while deleting a batch of sent outbox rows: %w", err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() == 0 {
+			break
+		}
+	}
+	return deleted, nil
+}

@@ -127,6 +127,12 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		"window", choice.window.String(), "windowSource", choice.from,
 		"derivedWindow", choice.derived.String(), "controllerWindow", choice.controller.String(),
 		"derivedFrom", derived.DerivedFrom, "failed", err != nil)
+	if err != nil || version < 3 {
+		return err // schema version 3 added the outbox
+	}
+	// Sent outbox rows follow the inbox window; unsent ones stay.
+	sent, err := store.PruneOutbox(ctx, choice.window, cfg.Retention.PruneBatchSize, cfg.Retention.PruneMaxDuration.Duration)
+	log.Info("Outbox pruned", "outboxRowsDeleted", sent, "window", choice.window.String(), "failed", err != nil)
 	return err
 }
 

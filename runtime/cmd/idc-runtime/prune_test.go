@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -177,9 +178,21 @@ func TestMigrateThenPruneTable(t *testing.T) {
 		t.Fatalf("%d rows left, want 150", n)
 	}
 
+	// Outbox rows: sent 2h ago (past the window), sent just now, and unsent
+	// for 2h (never pruned).
+	outbox := pgx.Identifier{f.cfg.Sink.Schema, inbox.NamesFor(f.cfg.Sink).Outbox}.Sanitize()
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+outbox+` (event_id, source_id, shard, payload, created_at, sent_at) VALUES
+		('old-sent', 'a', 0, '{}', now() - interval '3 hours', now() - interval '2 hours'),
+		('new-sent', 'b', 0, '{}', now(), now()),
+		('old-unsent', 'c', 0, '{}', now() - interval '2 hours', NULL)`); err != nil {
+		t.Fatal(err)
+	}
 	code, lines = f.run(t, "prune", "--window", "30m")
 	if code != exitOK {
 		t.Fatalf("prune exit %d: %v", code, lines)
+	}
+	if l := findLine(t, lines, "Outbox pruned"); l["outboxRowsDeleted"] != float64(1) {
+		t.Errorf("log line %v: want the one sent outbox row past the window deleted", l)
 	}
 	l = findLine(t, lines, "Prune finished")
 	if l["windowSource"] != windowFromDerived || l["window"] != "1h0m0s" || l["rowsDeleted"] != float64(120) || l["cutoff"] == nil {
