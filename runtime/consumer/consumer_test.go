@@ -341,8 +341,12 @@ func TestTerminatedConnectionsLoseAndDoubleNothing(t *testing.T) {
 	// One attempt: were a connection failure ever counted against a
 	// message, it would be dead-lettered at once.
 	cfg.Delivery.MaxAttempts = 1
+	// Small transactions keep the load going for hundreds of commits, so
+	// the killer lands during it however fast the loop is (with batches of
+	// the default size the load could end before five backends died).
+	cfg.Delivery.BatchSize = 10
 	pool, dsn := setup(t, cfg)
-	const total = 3000
+	const total = 6000
 	src := newFakeSource(withDuplicates(total, total))
 	r := start(t, src, pool, cfg, newMetrics(t))
 	killer, err := pgx.Connect(context.Background(), dsn)
