@@ -147,11 +147,11 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 			cancel(err)
 		}
 	}()
-	var relayMetrics *outbox.Metrics
-	if cfg.Emit != nil {
-		if relayMetrics, err = outbox.NewMetrics(reg); err != nil {
-			return err
-		}
+	// Registered without spec.emit too (at 0), so dashboards and the
+	// IdcOutboxStuck alert read one metric set on every replica.
+	relayMetrics, err := outbox.NewMetrics(reg)
+	if err != nil {
+		return err
 	}
 	if err := consume(ctx, cfg, log, consumerName, pool, metrics, relayMetrics, state, ops); err != nil {
 		return err
