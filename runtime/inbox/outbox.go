@@ -26,6 +26,7 @@ type OutboxRow struct {
 type PendingEvent struct {
 	ID        int64
 	EventID   string
+	SourceID  string
 	Shard     int
 	Payload   []byte
 	CreatedAt time.Time
@@ -63,14 +64,14 @@ func (s *Store) ClaimOutboxShard(ctx context.Context, tx pgx.Tx, shard, limit in
 	if !ok {
 		return nil, false, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT id, event_id, shard, payload, created_at FROM `+s.outbox+`
+	rows, err := tx.Query(ctx, `SELECT id, event_id, source_id, shard, payload, created_at FROM `+s.outbox+`
 		WHERE sent_at IS NULL AND shard = $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, shard, limit)
 	if err != nil {
 		return nil, true, fmt.Errorf("while claiming outbox shard %d: %w", shard, err)
 	}
 	events, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PendingEvent, error) {
 		var e PendingEvent
-		return e, r.Scan(&e.ID, &e.EventID, &e.Shard, &e.Payload, &e.CreatedAt)
+		return e, r.Scan(&e.ID, &e.EventID, &e.SourceID, &e.Shard, &e.Payload, &e.CreatedAt)
 	})
 	if err != nil {
 		return nil, true, fmt.Errorf("while reading outbox shard %d: %w", shard, err)
@@ -130,4 +131,23 @@ func (s *Store) PruneOutbox(ctx context.Context, window time.Duration, batchSize
 		}
 	}
 	return deleted, nil
+}
+
+// OutboxRejectedClass is the dead-letter reason class of an event the emit
+// target refused for good (too large for the broker).
+const OutboxRejectedClass = "outbox_rejected"
+
+// DeadLetterOutbox moves a claimed event the target refused for good from
+// the outbox to the dead letters, in tx (the relay's claim transaction):
+// message_id is the source message, native_id "outbox:<event id>", the
+// payload the event's. The effect of the source message stays committed.
+func (s *Store) DeadLetterOutbox(ctx context.Context, tx pgx.Tx, e PendingEvent, reason string) error {
+	if _, err := s.DeadLetter(ctx, tx, []DeadLetter{{MessageID: e.SourceID, NativeID: "outbox:" + e.EventID,
+		Reason: "outbox: " + reason, Class: OutboxRejectedClass, Payload: e.Payload, Attempts: 1}}); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+s.outbox+` WHERE id = $1`, e.ID); err != nil {
+		return fmt.Errorf("while removing rejected outbox event %s: %w", e.EventID, err)
+	}
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -65,7 +66,11 @@ func (p *kafkaPublisher) Publish(ctx context.Context, events []inbox.PendingEven
 	results := p.cl.ProduceSync(ctx, recs...)
 	for i, r := range results {
 		if r.Err != nil {
-			return i, fmt.Errorf("while producing event %s to %s: %w", events[i].EventID, p.topic, r.Err)
+			err := r.Err
+			if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+				err = fmt.Errorf("%w: %w", ErrRejected, err)
+			}
+			return i, fmt.Errorf("while producing event %s to %s: %w", events[i].EventID, p.topic, err)
 		}
 	}
 	return len(events), nil

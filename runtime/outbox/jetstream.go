@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -65,6 +66,9 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, events []inbox.Pending
 		f, err := p.js.PublishMsgAsync(msg)
 		if err != nil {
 			sendErr = err
+			if errors.Is(err, nats.ErrMaxPayload) {
+				sendErr = fmt.Errorf("%w: event %s: %w", ErrRejected, e.EventID, err)
+			}
 			break
 		}
 		futures = append(futures, f)

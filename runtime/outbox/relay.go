@@ -77,6 +77,11 @@ func (r *Relay) Run(ctx context.Context) error {
 
 var errFailpoint = errors.New("relay failpoint")
 
+// ErrRejected marks a publish error that retrying cannot fix (the event is
+// larger than the broker takes): a Publisher wraps it around the error of
+// the first unconfirmed event.
+var ErrRejected = errors.New("rejected by the emit target")
+
 // work goes round the shards from start, publishing a batch of each shard
 // it can lock, until ctx ends.
 func (r *Relay) work(ctx context.Context, start int) error {
@@ -144,6 +149,16 @@ func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
 	if err := r.Store.MarkOutboxSent(ctx, tx, ids); err != nil {
 		return 0, err
 	}
+	if errors.Is(pubErr, ErrRejected) && n < len(events) {
+		// The event after the confirmed prefix can never be published:
+		// set it aside with its reason instead of blocking its shard.
+		if err := r.Store.DeadLetterOutbox(ctx, tx, events[n], pubErr.Error()); err != nil {
+			return 0, err
+		}
+		r.Log.Error(pubErr, "Outbox event rejected by the target; dead-lettered", "eventId", events[n].EventID, "messageId", events[n].SourceID)
+		r.Metrics.Rejected.Inc()
+		pubErr = nil
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("while committing the relay transaction: %w", err)
 	}
@@ -196,6 +211,7 @@ type Metrics struct {
 	Pending         prometheus.Gauge
 	OldestAge       prometheus.Gauge
 	Published       prometheus.Counter
+	Rejected        prometheus.Counter
 	PublishDuration prometheus.Histogram
 }
 
@@ -208,10 +224,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Age of the oldest unpublished outbox row, 0 when none."}),
 		Published: prometheus.NewCounter(prometheus.CounterOpts{Name: "idc_outbox_published_total",
 			Help: "Outbox events the broker confirmed and the relay marked sent."}),
+		Rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "idc_outbox_rejected_total",
+			Help: "Outbox events the target refused for good (too large), moved to the dead letters."}),
 		PublishDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "idc_outbox_publish_duration_seconds",
 			Help: "Time to publish one relay batch until the broker confirmed it.", Buckets: prometheus.DefBuckets}),
 	}
-	for _, c := range []prometheus.Collector{m.Pending, m.OldestAge, m.Published, m.PublishDuration} {
+	for _, c := range []prometheus.Collector{m.Pending, m.OldestAge, m.Published, m.Rejected, m.PublishDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("while registering outbox metrics: %w", err)
 		}
