@@ -29,6 +29,7 @@ func TestBinary(t *testing.T) {
 	t.Run("DatabaseDownAtStartupRetriesUnready", func(t *testing.T) { databaseDown(t, bin) })
 	t.Run("FailpointKillsBetweenCommitAndAck", func(t *testing.T) { failpoint(t, bin) })
 	t.Run("RelayFailpointKillsBetweenPublishAndMark", func(t *testing.T) { relayFailpoint(t, bin) })
+	t.Run("PipelineChaos", func(t *testing.T) { pipelineChaos(t, bin) })
 }
 
 func buildBinary(t *testing.T) string {

@@ -1,0 +1,167 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// pipelineNode is one replica of a pipeline stage run by the real binary.
+type pipelineNode struct {
+	name  string
+	cfg   config.Config
+	stage string // "a" or "b"
+	armed string // the failpoint of the current process, if any
+	proc  *process
+}
+
+// pipelineChaos is the short chaos form of the two-stage pipeline (the
+// long one is not built yet): two replicas of each stage as real
+// idc-runtime processes; while stage A's input drains, random replicas are
+// SIGKILLed and restarted, some armed to kill themselves between COMMIT
+// and ack, some (stage A) between the relay's publish and mark-sent. Then
+// everything runs unarmed until both stages drained, and the database alone
+// must show one row in B per original order and B's inbox holding each
+// event id once.
+func pipelineChaos(t *testing.T, bin string) {
+	const unique, minKills = 3000, 6
+	in := newJetStream(t, 2*time.Second)
+	mid := newJetStream(t, 2*time.Second)
+	shortenDuplicateWindow(t, mid) // republished events reach B's inbox
+	db := newDatabase(t)
+	db.exec(t, "CREATE SCHEMA app",
+		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
+		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int)")
+	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), mid.subject+".projected", config.EmitAlways)
+	b := stageBConfig(mid.sourceConfig(), a.Sink.DSNEnv)
+	migrateInbox(t, db, a)
+	migrateInbox(t, db, b)
+	msgs := withDuplicates(keyedEvents(unique, 100), dupShare, rand.New(rand.NewPCG(9, 10)))
+
+	rng := rand.New(rand.NewPCG(11, 12))
+	nodes := []*pipelineNode{{name: "a0", cfg: *a, stage: "a"}, {name: "a1", cfg: *a, stage: "a"}, {name: "b0", cfg: *b, stage: "b"}, {name: "b1", cfg: *b, stage: "b"}}
+	start := func(n *pipelineNode, armed string) {
+		cfg := n.cfg
+		var env []string
+		if armed != "" {
+			env = append(env, "IDC_FAILPOINT="+armed)
+		}
+		n.proc, n.armed = startBinary(t, bin, &cfg, env...), armed
+	}
+	for _, n := range nodes {
+		start(n, "")
+	}
+	// Publish in bursts while the faults run, so replicas are mid-batch.
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := 0; i < len(msgs); i += 250 {
+			in.publish(t, msgs[i:min(i+250, len(msgs))])
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+	kills, failpointKills := 0, 0
+	byFailpoint := map[string]int{}
+	exited := func(n *pipelineNode) bool {
+		select {
+		case <-n.proc.exited:
+			return true
+		default:
+			return false
+		}
+	}
+	done := func() bool {
+		select {
+		case <-published:
+			return kills+failpointKills >= minKills && failpointKills >= 1
+		default:
+			return false
+		}
+	}
+	for !done() {
+		time.Sleep(time.Duration(150+rng.IntN(350)) * time.Millisecond)
+		for _, n := range nodes {
+			if exited(n) { // a failpoint fired
+				if ws, ok := n.proc.state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+					t.Fatalf("%s exited with %s, not by its failpoint", n.name, n.proc.state)
+				}
+				failpointKills++
+				byFailpoint[n.armed]++
+				start(n, "")
+			}
+		}
+		victim := nodes[rng.IntN(len(nodes))]
+		if !exited(victim) {
+			_ = victim.proc.cmd.Process.Kill()
+			<-victim.proc.exited
+			kills++
+		}
+		armed := ""
+		switch rng.IntN(3) {
+		case 0:
+			armed = "after-commit-before-ack"
+		case 1:
+			if victim.stage == "a" {
+				armed = "relay-after-publish-before-mark"
+			}
+		}
+		start(victim, armed)
+		if kills > 60 {
+			t.Fatalf("60 kills and only %d failpoint kills: the failpoints never fire", failpointKills)
+		}
+	}
+	// Faults stop: every replica unarmed.
+	for _, n := range nodes {
+		if exited(n) {
+			failpointKills++
+			byFailpoint[n.armed]++
+			start(n, "")
+			continue
+		}
+		_ = n.proc.cmd.Process.Kill()
+		<-n.proc.exited
+		kills++
+		start(n, "")
+	}
+	time.Sleep(2 * stageBDuplicateWindow)
+	waitFor(t, 120*time.Second, "both stages to drain", func() error {
+		for _, n := range nodes {
+			if exited(n) {
+				return fmt.Errorf("%s exited: %s", n.name, n.proc.state)
+			}
+		}
+		ctx := context.Background()
+		if err := in.drained(ctx); err != nil {
+			return err
+		}
+		if n := db.queryInt(t, "SELECT count(*) FROM app.inbox_projector_outbox WHERE sent_at IS NULL"); n != 0 {
+			return fmt.Errorf("%d outbox rows unsent", n)
+		}
+		return mid.drained(ctx)
+	})
+	for _, n := range nodes {
+		expectCleanExit(t, n.proc, n.proc.terminate(t))
+	}
+	rows := db.queryInt(t, "SELECT count(*) FROM app.projected")
+	ids := db.queryInt(t, "SELECT count(DISTINCT source_id) FROM app.projected")
+	events := db.queryInt(t, "SELECT count(*) FROM app.inbox_audit")
+	distinctEvents := db.queryInt(t, "SELECT count(DISTINCT message_id) FROM app.inbox_audit")
+	dead := db.queryInt(t, "SELECT (SELECT count(*) FROM app.inbox_projector_dead_letters) + (SELECT count(*) FROM app.inbox_audit_dead_letters)")
+	t.Logf("failpoint kills by kind: %v", byFailpoint)
+	t.Logf("PIPELINE kills=%d failpointKills=%d published=%d stageB=%d unique=%d final=%d doubled=%d lost=%d",
+		kills+failpointKills, failpointKills, len(msgs), streamMessages(t, mid), unique, ids, rows-ids, unique-ids)
+	if rows != unique || ids != unique {
+		t.Errorf("stage B: %d rows over %d original orders, want exactly %d, one each", rows, ids, unique)
+	}
+	if events != distinctEvents || events != unique {
+		t.Errorf("stage B's inbox: %d rows, %d distinct; want %d of each", events, distinctEvents, unique)
+	}
+	if dead != 0 {
+		t.Errorf("%d dead letters, want none", dead)
+	}
+}
