@@ -110,9 +110,10 @@ node-check-clean: ## Print what is left of a node; fail if anything is.
 	@hack/node.sh check-clean
 
 .PHONY: test-chaos
-test-chaos: ## Long chaos run: 100k messages, >= 30 SIGKILLs (some between COMMIT and ack), DB cuts.
+test-chaos: ## Long chaos runs: 100k messages, >= 30 SIGKILLs (some between COMMIT and ack), DB cuts; then the 50k-message two-stage pipeline.
 	@hack/services.sh check
 	IDC_CHAOS=long go test -count=1 -timeout 45m -run TestChaos -v ./test/chaos/...
+	IDC_CHAOS=long go test -count=1 -timeout 20m -run 'TestBinary/PipelineChaos' -v ./test/integration/
 
 .PHONY: bench
 bench: ## Data-plane benchmark table: DB ceiling, idc-runtime replicas per broker, inbox modes, RATIO lines.

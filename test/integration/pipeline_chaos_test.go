@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -20,8 +21,9 @@ type pipelineNode struct {
 	proc  *process
 }
 
-// pipelineChaos is the short chaos form of the two-stage pipeline (the
-// long one is not built yet): two replicas of each stage as real
+// pipelineChaos is the chaos run of the two-stage pipeline, short (3,000
+// orders) in make test and long (40,000 orders + 20% duplicates = 50,000
+// messages, >= 30 kills, >= 5 at a failpoint) with IDC_CHAOS=long: two replicas of each stage as real
 // idc-runtime processes; while stage A's input drains, random replicas are
 // SIGKILLed and restarted, some armed to kill themselves between COMMIT
 // and ack, some (stage A) between the relay's publish and mark-sent. Then
@@ -29,7 +31,10 @@ type pipelineNode struct {
 // must show one row in B per original order and B's inbox holding each
 // event id once.
 func pipelineChaos(t *testing.T, bin string) {
-	const unique, minKills = 3000, 6
+	unique, minKills, minFailpoints := 3000, 6, 1
+	if os.Getenv("IDC_CHAOS") == "long" { // make test-chaos: 50,000 messages
+		unique, minKills, minFailpoints = 40000, 30, 5
+	}
 	in := newJetStream(t, 2*time.Second)
 	mid := newJetStream(t, 2*time.Second)
 	shortenDuplicateWindow(t, mid) // republished events reach B's inbox
@@ -78,7 +83,7 @@ func pipelineChaos(t *testing.T, bin string) {
 	done := func() bool {
 		select {
 		case <-published:
-			return kills+failpointKills >= minKills && failpointKills >= 1
+			return kills+failpointKills >= minKills && failpointKills >= minFailpoints
 		default:
 			return false
 		}
@@ -111,8 +116,8 @@ func pipelineChaos(t *testing.T, bin string) {
 			}
 		}
 		start(victim, armed)
-		if kills > 60 {
-			t.Fatalf("60 kills and only %d failpoint kills: the failpoints never fire", failpointKills)
+		if kills > 10*minKills {
+			t.Fatalf("%d kills and only %d failpoint kills: the failpoints do not fire", kills, failpointKills)
 		}
 	}
 	// Faults stop: every replica unarmed.
