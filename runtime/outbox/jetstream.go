@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	jssource "github.com/idempotency-dev/idc-operator/runtime/source/jetstream"
 )
 
 // JetStreamPublisher publishes outbox events to one subject with
@@ -28,21 +28,11 @@ type JetStreamPublisher struct {
 // config names (environment variables filled from Secrets).
 func NewJetStreamPublisher(cfg *config.EmitJetStream) (*JetStreamPublisher, error) {
 	opts := []nats.Option{nats.Name("idc-runtime outbox relay"), nats.MaxReconnects(-1), nats.ReconnectWait(2 * time.Second)}
-	if cfg.CredentialsEnv != "" {
-		creds := os.Getenv(cfg.CredentialsEnv)
-		if creds == "" {
-			return nil, fmt.Errorf("environment variable %s (emit NATS credentials) is empty", cfg.CredentialsEnv)
-		}
-		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
-	}
-	tc, err := cfg.TLS.ClientConfig()
+	auth, err := jssource.AuthOptions(cfg.CredentialsEnv, cfg.TLS)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("emit: %w", err)
 	}
-	if tc != nil {
-		opts = append(opts, nats.Secure(tc))
-	}
-	nc, err := nats.Connect(cfg.URL, opts...)
+	nc, err := nats.Connect(cfg.URL, append(opts, auth...)...)
 	if err != nil {
 		return nil, fmt.Errorf("while connecting to NATS for emit: %w", err)
 	}

@@ -117,14 +117,26 @@ func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.O
 			log.Error(err, "asynchronous NATS error")
 		}),
 	}
-	if cfg.CredentialsEnv != "" {
-		creds := os.Getenv(cfg.CredentialsEnv)
+	auth, err := AuthOptions(cfg.CredentialsEnv, cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, auth...), nil
+}
+
+// AuthOptions are the connection options for the .creds file held in the
+// environment variable credentialsEnv (none when empty) and for TLS (may be
+// nil), shared with the outbox relay's publisher.
+func AuthOptions(credentialsEnv string, t *config.TLS) ([]nats.Option, error) {
+	var opts []nats.Option
+	if credentialsEnv != "" {
+		creds := os.Getenv(credentialsEnv)
 		if creds == "" {
-			return nil, fmt.Errorf("environment variable %s (NATS credentials) is empty", cfg.CredentialsEnv)
+			return nil, fmt.Errorf("environment variable %s (NATS credentials) is empty", credentialsEnv)
 		}
 		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
 	}
-	tc, err := cfg.TLS.ClientConfig()
+	tc, err := t.ClientConfig()
 	if err != nil {
 		return nil, err
 	}
