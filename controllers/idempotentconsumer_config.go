@@ -184,6 +184,12 @@ func renderEmit(e *messagingv1alpha1.EmitSpec, addSecret func(string, *messaging
 			out.Payload[k] = string(v)
 		}
 	}
+	if len(e.Headers) > 0 {
+		out.Headers = make(map[string]string, len(e.Headers))
+		for k, v := range e.Headers {
+			out.Headers[k] = string(v)
+		}
+	}
 	tlsEnv := [3]string{envEmitTLSCA, envEmitTLSCert, envEmitTLSKey}
 	if j := e.NATSJetStream; j != nil {
 		out.NATSJetStream = &config.EmitJetStream{
@@ -295,7 +301,7 @@ func renderEffect(s *messagingv1alpha1.IdempotentConsumerSpec) config.Effect {
 		out.SQL = &config.SQL{Statement: q.Statement, Params: params}
 	}
 	if h := e.HTTP; h != nil {
-		out.HTTP = &config.HTTP{URL: h.URL, Method: string(h.Method), Timeout: dur(h.Timeout)}
+		out.HTTP = &config.HTTP{URL: h.URL, Method: string(h.Method), Timeout: dur(h.Timeout), Delivery: string(h.Delivery)}
 	}
 	return out
 }

@@ -33,7 +33,7 @@ func (p *PostgresInbox) OutboxStats(ctx context.Context, dsn string, sink config
 // informational: a failure is logged and keeps the last value.
 func (r *Reconciler) readOutbox(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets) {
 	reader, ok := r.opts.Inbox.(OutboxReader)
-	if !ok || rc.Config.Emit == nil {
+	if !ok || !rc.Config.UsesOutbox() {
 		idc.Status.Outbox = nil
 		return
 	}

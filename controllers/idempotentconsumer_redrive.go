@@ -123,7 +123,7 @@ func redriveStatusFromSummary(st *messagingv1alpha1.RedriveRunStatus, sum inbox.
 	n := func(outcome string) int32 { return int32(sum.Outcomes[outcome]) }
 	st.Selected = int32(sum.Total())
 	st.Applied, st.Duplicates, st.Stale = n("applied"), n("duplicate"), n("stale")
-	st.StillFailing, st.Unusable = n("still_failing"), n("unusable")
+	st.StillFailing, st.Unusable, st.Requeued = n("still_failing"), n("unusable"), n("requeued")
 }
 
 // reconcileRedrive runs the redrive the annotation asks for: one Job per
@@ -230,8 +230,8 @@ func (r *Reconciler) finishRedrive(ctx context.Context, idc *messagingv1alpha1.I
 	if succeeded {
 		next.Phase = messagingv1alpha1.RedriveSucceeded
 		r.recorder.Eventf(idc, j, corev1.EventTypeNormal, eventRedriveFinished, "Redrive",
-			"redrive %q: %d selected, %d applied, %d duplicates, %d stale, %d still failing, %d without a usable id",
-			st.Token, next.Selected, next.Applied, next.Duplicates, next.Stale, next.StillFailing, next.Unusable)
+			"redrive %q: %d selected, %d applied, %d duplicates, %d stale, %d still failing, %d without a usable id, %d outbox events requeued",
+			st.Token, next.Selected, next.Applied, next.Duplicates, next.Stale, next.StillFailing, next.Unusable, next.Requeued)
 	} else {
 		next.Phase, next.Message = messagingv1alpha1.RedriveFailed, fmt.Sprintf("Job %s failed; see its pods' logs", j.Name)
 		r.recorder.Eventf(idc, j, corev1.EventTypeWarning, eventRedriveFailed, "Redrive",

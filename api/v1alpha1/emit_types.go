@@ -32,6 +32,15 @@ type EmitSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) > 0 && size(k) <= 255)",message="payload field names must be 1 to 255 characters"
 	// +optional
 	Payload map[string]ValueExpression `json:"payload,omitempty"`
+	// headers maps header names to value expressions, sent with every
+	// event besides Idc-Event-Id (JetStream and Kafka headers, RabbitMQ
+	// message headers, Redis entry fields).
+	// +kubebuilder:validation:MinProperties=1
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[A-Za-z0-9_.-]{1,255}$'))",message="header names must be 1 to 255 letters, digits, '-', '_' or '.'"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.lowerAscii() != 'idc-event-id' && !k.lowerAscii().startsWith('nats-'))",message="Idc-Event-Id and Nats-* headers are set by the runtime"
+	// +optional
+	Headers map[string]ValueExpression `json:"headers,omitempty"`
 	// when decides which new messages emit. Always: every new message whose
 	// effect was applied. Changed: for upsert, only messages the sequence
 	// gate let through (a stale or superseded update emits nothing); for

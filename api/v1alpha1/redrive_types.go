@@ -60,4 +60,9 @@ type RedriveRunStatus struct {
 	// unusable: no usable message id; the row stays.
 	// +optional
 	Unusable int32 `json:"unusable,omitempty"`
+	// requeued: dead-lettered outbox events (an emit the target refused, an
+	// http call out of attempts) put back in the outbox for the relay to
+	// publish again; the row was removed.
+	// +optional
+	Requeued int32 `json:"requeued,omitempty"`
 }

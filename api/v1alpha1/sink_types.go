@@ -167,7 +167,30 @@ type HTTPEffect struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="timeout must be positive"
 	// +optional
 	Timeout Duration `json:"timeout,omitempty"`
+	// delivery is when the endpoint is called. Inline (default): the
+	// consumer calls it for each new message and acks only after the call
+	// succeeded and the id was claimed, so a slow endpoint slows
+	// consumption. Outbox: the claim and an outbox row commit together and
+	// the message is acked at once; the runtime's dispatcher then calls the
+	// endpoint from <inbox>_outbox, keys in parallel and one key's messages
+	// in order, with backoff, and dead-letters a call after
+	// delivery.maxAttempts counted failures (a 4xx other than 408/429 at
+	// once). Both send Idempotency-Key: <message id>: the endpoint must
+	// dedupe on it.
+	// +kubebuilder:default=Inline
+	// +optional
+	Delivery HTTPDelivery `json:"delivery,omitempty"`
 }
+
+// HTTPDelivery is when the http effect calls its endpoint.
+// +kubebuilder:validation:Enum=Inline;Outbox
+type HTTPDelivery string
+
+// Values of HTTPDelivery.
+const (
+	HTTPDeliveryInline HTTPDelivery = "Inline"
+	HTTPDeliveryOutbox HTTPDelivery = "Outbox"
+)
 
 // DeliverySpec tunes batching and retries.
 type DeliverySpec struct {

@@ -295,6 +295,18 @@ var _ = Describe("invalid resources", func() {
 		"redis address without port": {func(o *unstructured.Unstructured) {
 			set(o, "spec.source", m{"redisStreams": m{"address": "redis", "stream": "s", "group": "g"}})
 		}, "spec.source.redisStreams.address", "should match"},
+		"http delivery unknown": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.effect", m{"http": m{"url": "https://billing/charge", "delivery": "Later"}})
+		}, "spec.sink.effect.http.delivery", "Unsupported value"},
+		"emit header name with a space": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "headers": m{"Order Status": "$.status"}})
+		}, "spec.emit.headers", "header names must be 1 to 255 letters"},
+		"emit header the runtime sets": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "headers": m{"Nats-Msg-Id": "$.id"}})
+		}, "spec.emit.headers", "Idc-Event-Id and Nats-* headers are set by the runtime"},
+		"emit header value not an expression": {func(o *unstructured.Unstructured) {
+			set(o, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"}, "headers": m{"X-Status": "status"}})
+		}, "spec.emit.headers.X-Status", "should match"},
 	}
 
 	for name, c := range cases {
@@ -372,6 +384,26 @@ var _ = Describe("invalid resources", func() {
 			set(obj, "spec.emit", target)
 			Expect(k8sClient.Create(ctx, obj)).To(Succeed(), "%v", target)
 			DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+		}
+	})
+
+	It("accepts emit headers and the http effect with delivery Outbox, and defaults delivery to Inline", func() {
+		obj := base()
+		set(obj, "spec.emit", m{"natsJetStream": m{"url": "nats://nats:4222", "subject": "out"},
+			"headers": m{"Order-Status": "$.status", "X-Source.Id": "@messageId"}})
+		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
+		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+		for _, delivery := range []string{"", "Inline", "Outbox"} {
+			obj := base()
+			http := m{"url": "https://billing/charge"}
+			if delivery != "" {
+				http["delivery"] = delivery
+			}
+			set(obj, "spec.sink.effect", m{"http": http})
+			Expect(k8sClient.Create(ctx, obj)).To(Succeed(), "delivery %q", delivery)
+			DeferCleanup(func() { Expect(k8sClient.Delete(ctx, obj)).To(Succeed()) })
+			got, _, _ := unstructured.NestedString(obj.Object, "spec", "sink", "effect", "http", "delivery")
+			Expect(got).To(Equal(map[string]string{"": "Inline"}[delivery] + delivery))
 		}
 	})
 

@@ -235,7 +235,17 @@ type HTTP struct {
 	URL     string   `json:"url"`
 	Method  string   `json:"method"`
 	Timeout Duration `json:"timeout"`
+	// Delivery is Inline (the loop calls the endpoint, then claims and
+	// acks) or Outbox (the claim and an outbox row commit together and the
+	// message is acked at once; the relay's dispatcher calls the endpoint).
+	Delivery string `json:"delivery,omitempty"`
 }
+
+// Values of HTTP.Delivery.
+const (
+	HTTPInline = "Inline"
+	HTTPOutbox = "Outbox"
+)
 
 // Delivery tunes batching and retries.
 type Delivery struct {
@@ -367,6 +377,9 @@ func (c *Config) Default() {
 		}
 		if h.Timeout.Duration == 0 {
 			h.Timeout.Duration = 10 * time.Second
+		}
+		if h.Delivery == "" {
+			h.Delivery = HTTPInline
 		}
 	}
 	if c.Retention.PruneBatchSize == 0 {
@@ -561,6 +574,9 @@ func (c *Config) validateEffect(bad func(string, string, ...any), ident func(str
 		n++
 		if !strings.HasPrefix(h.URL, "http://") && !strings.HasPrefix(h.URL, "https://") {
 			bad("sink.effect.http.url", "must start with http:// or https://")
+		}
+		if h.Delivery != "" && h.Delivery != HTTPInline && h.Delivery != HTTPOutbox {
+			bad("sink.effect.http.delivery", "must be Inline or Outbox, got %q", h.Delivery)
 		}
 	}
 	if n != 1 {

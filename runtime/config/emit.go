@@ -14,6 +14,9 @@ type Emit struct {
 	// Payload maps output field names to value expressions (as columns);
 	// empty means the incoming payload, unchanged.
 	Payload map[string]string `json:"payload,omitempty"`
+	// Headers maps header names to value expressions, sent with every event
+	// (on Redis as entry fields) besides Idc-Event-Id.
+	Headers map[string]string `json:"headers,omitempty"`
 	// When is Always (every new message) or Changed (only messages whose
 	// effect changed state; see the README's Pipelines section).
 	When string `json:"when,omitempty"`
@@ -102,9 +105,40 @@ func (c *Config) validateEmit(bad func(string, string, ...any)) {
 			bad("emit.payload."+field, "%v", err)
 		}
 	}
+	for name, expr := range e.Headers {
+		if !validHeaderName(name) {
+			bad("emit.headers", "header name %q must be a token (letters, digits, '-', '_', '.') and not a reserved one", name)
+		}
+		if err := ValidateExpression(expr); err != nil {
+			bad("emit.headers."+name, "%v", err)
+		}
+		if e.RedisStreams != nil && name == "body" {
+			bad("emit.headers.body", "is the field that holds the payload on Redis Streams")
+		}
+	}
 	if c.Sink.Effect.HTTP != nil {
 		bad("emit", "is not supported with the http effect (it runs outside the claim transaction)")
 	}
+}
+
+// validHeaderName accepts an HTTP token-like name that is not one the
+// runtime sets itself (Idc-Event-Id, Nats-*).
+func validHeaderName(name string) bool {
+	if name == "" || len(name) > 255 || strings.EqualFold(name, EventIDHeader) || strings.HasPrefix(strings.ToLower(name), "nats-") {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// UsesOutbox reports whether this consumer writes <inbox>_outbox rows and
+// runs the relay: spec.emit, or the http effect with delivery: Outbox.
+func (c *Config) UsesOutbox() bool {
+	return c.Emit != nil || c.Sink.Effect.HTTP != nil && c.Sink.Effect.HTTP.Delivery == HTTPOutbox
 }
 
 // validateTarget checks the configured targets and returns how many are set.

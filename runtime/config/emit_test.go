@@ -39,6 +39,13 @@ func TestEmitValidation(t *testing.T) {
 		"unknown when":         {func(c *Config) { c.Emit.When = "Sometimes" }, "emit.when"},
 		"bad payload":          {func(c *Config) { c.Emit.Payload = map[string]string{"x": "status"} }, "emit.payload.x"},
 		"with the http effect": {func(c *Config) { c.Sink.Effect = Effect{HTTP: &HTTP{URL: "https://b/c"}} }, "emit:"},
+		"bad header expr":      {func(c *Config) { c.Emit.Headers = map[string]string{"X-Status": "status"} }, "emit.headers.X-Status"},
+		"header with a space":  {func(c *Config) { c.Emit.Headers = map[string]string{"X Status": "$.status"} }, "emit.headers"},
+		"reserved header":      {func(c *Config) { c.Emit.Headers = map[string]string{"idc-event-id": "$.id"} }, "emit.headers"},
+		"nats header":          {func(c *Config) { c.Emit.Headers = map[string]string{"Nats-Msg-Id": "$.id"} }, "emit.headers"},
+		"redis body header": {func(c *Config) {
+			c.Emit = &Emit{RedisStreams: &EmitRedisStreams{Address: "r:6379", Stream: "s"}, When: EmitAlways, Headers: map[string]string{"body": "$.a"}}
+		}, "emit.headers.body"},
 	}
 	for name, tc := range cases {
 		c := emitConfig(valid())
@@ -47,5 +54,25 @@ func TestEmitValidation(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: got %v, want an error naming %s", name, err, tc.field)
 		}
+	}
+}
+
+func TestHTTPDelivery(t *testing.T) {
+	c := emitConfig(nil)
+	c.Sink.Effect = Effect{HTTP: &HTTP{URL: "https://notify.example/orders"}}
+	c.Default()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid http effect rejected: %v", err)
+	}
+	if c.Sink.Effect.HTTP.Delivery != HTTPInline || c.UsesOutbox() {
+		t.Errorf("default delivery %q (outbox %v), want Inline without the outbox", c.Sink.Effect.HTTP.Delivery, c.UsesOutbox())
+	}
+	c.Sink.Effect.HTTP.Delivery = HTTPOutbox
+	if err := c.Validate(); err != nil || !c.UsesOutbox() {
+		t.Errorf("delivery Outbox: %v, outbox %v", err, c.UsesOutbox())
+	}
+	c.Sink.Effect.HTTP.Delivery = "Later"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "sink.effect.http.delivery") {
+		t.Errorf("unknown delivery: %v, want an error naming sink.effect.http.delivery", err)
 	}
 }

@@ -119,6 +119,12 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 			c.emitTracked = effect.TrackChanges(eff)
 		}
 	}
+	if h := cfg.Sink.Effect.HTTP; h != nil && h.Delivery == config.HTTPOutbox {
+		// The call leaves the loop: the transaction claims the id and
+		// writes the outbox row the dispatcher calls the endpoint from.
+		c.effect = claimOnly{}
+		c.emit = outbox.NewHTTPWriter(h, key)
+	}
 	return c, nil
 }
 

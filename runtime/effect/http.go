@@ -92,14 +92,21 @@ func (h *httpEffect) call(ctx context.Context, m *Record) (failureClass, error) 
 	if !m.ValidJSON() {
 		return permanent, extract.ErrInvalidJSON
 	}
+	return h.do(ctx, m.ID, m.Body, nil)
+}
+
+func (h *httpEffect) do(ctx context.Context, key string, body []byte, headers map[string]string) (failureClass, error) {
 	ctx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, h.method, h.url, bytes.NewReader(m.Body))
+	req, err := http.NewRequestWithContext(ctx, h.method, h.url, bytes.NewReader(body))
 	if err != nil {
 		return permanent, fmt.Errorf("while building the http request: %w", err)
 	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(IdempotencyKeyHeader, m.ID)
+	req.Header.Set(IdempotencyKeyHeader, key)
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return outage, fmt.Errorf("while calling %s %s: %w", h.method, h.url, err)
@@ -109,6 +116,47 @@ func (h *httpEffect) call(ctx context.Context, m *Record) (failureClass, error) 
 	_, _ = io.Copy(io.Discard, resp.Body) // drain so the connection is reused
 	return classifyStatus(resp.StatusCode, snippet)
 }
+
+// HTTPCaller makes the http effect's calls for the outbox dispatcher
+// (delivery: Outbox), with the same request, timeout and classing as the
+// inline effect.
+type HTTPCaller struct{ h *httpEffect }
+
+// NewHTTPCaller builds the caller of cfg's endpoint.
+func NewHTTPCaller(cfg *config.HTTP) (*HTTPCaller, error) {
+	h, err := newHTTP(cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.client = &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	return &HTTPCaller{h: h}, nil
+}
+
+// Errors of HTTPCaller.Call besides outages (unreachable, timed out, 503,
+// 429), which wrap neither.
+var (
+	// ErrHTTPPermanent: a 4xx other than 408 and 429; retrying cannot help.
+	ErrHTTPPermanent = errors.New("refused for good")
+	// ErrHTTPRetryable: a 5xx other than 503, or 408.
+	ErrHTTPRetryable = errors.New("failed, retryable")
+)
+
+// Call sends body with Idempotency-Key: key and the extra headers.
+func (c *HTTPCaller) Call(ctx context.Context, key string, body []byte, headers map[string]string) error {
+	class, err := c.h.do(ctx, key, body, headers)
+	switch {
+	case err == nil:
+		return nil
+	case class == permanent:
+		return fmt.Errorf("%w: %w", ErrHTTPPermanent, err)
+	case class == retryable:
+		return fmt.Errorf("%w: %w", ErrHTTPRetryable, err)
+	}
+	return err
+}
+
+// Close releases the idle connections.
+func (c *HTTPCaller) Close() { c.h.client.CloseIdleConnections() }
 
 // ErrHTTPStatus is wrapped by errors for non-2xx responses.
 var ErrHTTPStatus = errors.New("http effect refused")

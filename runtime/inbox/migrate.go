@@ -152,6 +152,14 @@ func (s *Store) ddl() []string {
 		)`,
 		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Outbox, "_unsent_idx"))+
 			` ON `+s.outbox+` (shard, id) WHERE sent_at IS NULL`,
+		// Schema version 4: per-event headers (emit.headers), the ordering
+		// key the http dispatcher groups calls by, and the attempts and last
+		// error of an event that keeps failing. A constant default and
+		// nullable columns are catalog changes only: no rewrite.
+		`ALTER TABLE `+s.outbox+` ADD COLUMN IF NOT EXISTS headers jsonb,
+			ADD COLUMN IF NOT EXISTS order_key text,
+			ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0,
+			ADD COLUMN IF NOT EXISTS last_error text`,
 		`CREATE TABLE IF NOT EXISTS `+s.meta+` (
 			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
 			schema_version int NOT NULL,

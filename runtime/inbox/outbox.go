@@ -2,7 +2,9 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,16 +22,27 @@ type OutboxRow struct {
 	SourceID string
 	Shard    int
 	Payload  []byte
+	// Headers are the event's own headers (emit.headers), nil for none.
+	Headers map[string]string
+	// OrderKey is the entity key (empty without message.entity): events of
+	// one key are published in id order, others may go in parallel.
+	OrderKey string
 }
 
 // PendingEvent is an unsent outbox row claimed by the relay.
 type PendingEvent struct {
-	ID        int64
-	EventID   string
-	SourceID  string
-	Shard     int
-	Payload   []byte
+	ID       int64
+	EventID  string
+	SourceID string
+	Shard    int
+	Payload  []byte
+	Headers  map[string]string
+	// OrderKey is the entity key, else the source message id.
+	OrderKey  string
 	CreatedAt time.Time
+	// Attempts counts the failed publishes that count toward
+	// delivery.maxAttempts (see Relay).
+	Attempts int
 }
 
 // WriteOutbox inserts rows in tx (the claim transaction). An event id
@@ -42,12 +55,25 @@ func (s *Store) WriteOutbox(ctx context.Context, tx pgx.Tx, rows []OutboxRow) er
 	srcs := make([]string, len(rows))
 	shards := make([]int16, len(rows))
 	payloads := make([][]byte, len(rows))
+	headers := make([]*string, len(rows))
+	keys := make([]*string, len(rows))
 	for i, r := range rows {
 		ids[i], srcs[i], shards[i], payloads[i] = r.EventID, r.SourceID, int16(r.Shard), r.Payload
+		if len(r.Headers) > 0 {
+			h, err := json.Marshal(r.Headers)
+			if err != nil {
+				return fmt.Errorf("while encoding the headers of outbox event %s: %w", r.EventID, err)
+			}
+			hs := string(h)
+			headers[i] = &hs
+		}
+		if r.OrderKey != "" {
+			keys[i] = &rows[i].OrderKey
+		}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+s.outbox+` (event_id, source_id, shard, payload)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[])
-		ON CONFLICT (event_id) DO NOTHING`, ids, srcs, shards, payloads)
+	_, err := tx.Exec(ctx, `INSERT INTO `+s.outbox+` (event_id, source_id, shard, payload, headers, order_key)
+		SELECT e, src, sh, p, h::jsonb, k FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bytea[], $5::text[], $6::text[]) AS u(e, src, sh, p, h, k)
+		ON CONFLICT (event_id) DO NOTHING`, ids, srcs, shards, payloads, headers, keys)
 	if err != nil {
 		return fmt.Errorf("while writing %d outbox rows: %w", len(rows), err)
 	}
@@ -64,14 +90,14 @@ func (s *Store) ClaimOutboxShard(ctx context.Context, tx pgx.Tx, shard, limit in
 	if !ok {
 		return nil, false, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT id, event_id, source_id, shard, payload, created_at FROM `+s.outbox+`
-		WHERE sent_at IS NULL AND shard = $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, shard, limit)
+	rows, err := tx.Query(ctx, `SELECT id, event_id, source_id, shard, payload, headers, COALESCE(order_key, source_id), created_at, attempts
+		FROM `+s.outbox+` WHERE sent_at IS NULL AND shard = $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, shard, limit)
 	if err != nil {
 		return nil, true, fmt.Errorf("while claiming outbox shard %d: %w", shard, err)
 	}
 	events, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PendingEvent, error) {
 		var e PendingEvent
-		return e, r.Scan(&e.ID, &e.EventID, &e.SourceID, &e.Shard, &e.Payload, &e.CreatedAt)
+		return e, r.Scan(&e.ID, &e.EventID, &e.SourceID, &e.Shard, &e.Payload, &e.Headers, &e.OrderKey, &e.CreatedAt, &e.Attempts)
 	})
 	if err != nil {
 		return nil, true, fmt.Errorf("while reading outbox shard %d: %w", shard, err)
@@ -88,6 +114,31 @@ func (s *Store) MarkOutboxSent(ctx context.Context, tx pgx.Tx, ids []int64) erro
 		return fmt.Errorf("while marking %d outbox rows sent: %w", len(ids), err)
 	}
 	return nil
+}
+
+// NoteOutboxFailure records, in tx (the relay's claim transaction), that
+// the events ids failed with reason; counted adds one to their attempts. It
+// returns each event's attempts after the update.
+func (s *Store) NoteOutboxFailure(ctx context.Context, tx pgx.Tx, ids []int64, reason string, counted bool) (map[int64]int, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	inc := 0
+	if counted {
+		inc = 1
+	}
+	rows, err := tx.Query(ctx, `UPDATE `+s.outbox+` SET attempts = attempts + $2, last_error = left($3, 1024)
+		WHERE id = ANY($1) RETURNING id, attempts`, ids, inc, reason)
+	if err != nil {
+		return nil, fmt.Errorf("while recording the failure of %d outbox events: %w", len(ids), err)
+	}
+	out := make(map[int64]int, len(ids))
+	var id int64
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("while recording the failure of %d outbox events: %w", len(ids), err)
+	}
+	return out, nil
 }
 
 // OutboxStats is the outbox backlog.
@@ -133,17 +184,58 @@ func (s *Store) PruneOutbox(ctx context.Context, window time.Duration, batchSize
 	return deleted, nil
 }
 
+// RequeueOutbox puts a dead-lettered outbox event (native_id
+// "outbox:<event id>") back in the outbox, unsent and with no attempts, in
+// tx (the redrive's transaction, which also deletes the dead letter). Its
+// shard is the one of its source id: the order key is not kept with the
+// dead letter, and its key's later events went ahead of it anyway.
+func (s *Store) RequeueOutbox(ctx context.Context, tx pgx.Tx, d StoredDeadLetter) error {
+	eventID := strings.TrimPrefix(d.NativeID, OutboxNativeIDPrefix)
+	var headers *string
+	if len(d.Headers) > 0 {
+		h, err := json.Marshal(d.Headers)
+		if err != nil {
+			return fmt.Errorf("while encoding the headers of outbox event %s: %w", eventID, err)
+		}
+		hs := string(h)
+		headers = &hs
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+s.outbox+` (event_id, source_id, shard, payload, headers)
+		VALUES ($1, $2, $3, $4, $5::jsonb)
+		ON CONFLICT (event_id) DO UPDATE SET sent_at = NULL, attempts = 0, last_error = NULL`,
+		eventID, d.MessageID, OutboxShard(d.MessageID), d.Payload, headers)
+	if err != nil {
+		return fmt.Errorf("while requeueing outbox event %s: %w", eventID, err)
+	}
+	return nil
+}
+
+// OutboxShard is FNV-1a of key modulo OutboxShards.
+func OutboxShard(key string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % OutboxShards)
+}
+
 // OutboxRejectedClass is the dead-letter reason class of an event the emit
 // target refused for good (too large for the broker).
 const OutboxRejectedClass = "outbox_rejected"
+
+// OutboxNativeIDPrefix starts the native_id of a dead-lettered outbox
+// event ("outbox:<event id>"): redrive puts such a row back in the outbox
+// instead of through the claim, whose id is already in the inbox.
+const OutboxNativeIDPrefix = "outbox:"
 
 // DeadLetterOutbox moves a claimed event the target refused for good from
 // the outbox to the dead letters, in tx (the relay's claim transaction):
 // message_id is the source message, native_id "outbox:<event id>", the
 // payload the event's. The effect of the source message stays committed.
-func (s *Store) DeadLetterOutbox(ctx context.Context, tx pgx.Tx, e PendingEvent, reason string) error {
-	if _, err := s.DeadLetter(ctx, tx, []DeadLetter{{MessageID: e.SourceID, NativeID: "outbox:" + e.EventID,
-		Reason: "outbox: " + reason, Class: OutboxRejectedClass, Payload: e.Payload, Attempts: 1}}); err != nil {
+func (s *Store) DeadLetterOutbox(ctx context.Context, tx pgx.Tx, e PendingEvent, reason, class string) error {
+	if _, err := s.DeadLetter(ctx, tx, []DeadLetter{{MessageID: e.SourceID, NativeID: OutboxNativeIDPrefix + e.EventID,
+		Reason: "outbox: " + reason, Class: class, Payload: e.Payload, Headers: e.Headers, Attempts: max(e.Attempts, 1)}}); err != nil {
 		return err
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM `+s.outbox+` WHERE id = $1`, e.ID); err != nil {

@@ -27,7 +27,11 @@ import (
 //
 // 3 added the <inbox>_outbox table (spec.emit); migrating from 2 only
 // creates tables and an index, so it is online and idempotent too.
-const SchemaVersion = 3
+//
+// 4 added the outbox's headers, order_key, attempts and last_error columns
+// (emit.headers, http delivery: Outbox); nullable columns and a constant
+// default, so migrating from 3 is a catalog change only.
+const SchemaVersion = 4
 
 // maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
 // silently, which would make derived names collide.

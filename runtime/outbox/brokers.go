@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -60,8 +61,12 @@ func newKafkaPublisher(cfg *config.EmitKafka) (*kafkaPublisher, error) {
 func (p *kafkaPublisher) Publish(ctx context.Context, events []inbox.PendingEvent) (int, error) {
 	recs := make([]*kgo.Record, len(events))
 	for i, e := range events {
+		hs := make([]kgo.RecordHeader, 0, len(e.Headers)+1)
+		for _, k := range sortedKeys(e.Headers) {
+			hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(e.Headers[k])})
+		}
 		recs[i] = &kgo.Record{Topic: p.topic, Key: []byte(strconv.Itoa(e.Shard)), Value: e.Payload,
-			Headers: []kgo.RecordHeader{{Key: config.EventIDHeader, Value: []byte(e.EventID)}}}
+			Headers: append(hs, kgo.RecordHeader{Key: config.EventIDHeader, Value: []byte(e.EventID)})}
 	}
 	results := p.cl.ProduceSync(ctx, recs...)
 	for i, r := range results {
@@ -143,8 +148,12 @@ func (p *rabbitMQPublisher) Publish(ctx context.Context, events []inbox.PendingE
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(events))
 	var sendErr error
 	for _, e := range events {
+		headers := amqp.Table{config.EventIDHeader: e.EventID}
+		for k, v := range e.Headers {
+			headers[k] = v
+		}
 		c, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, p.cfg.RoutingKey, true, false, amqp.Publishing{
-			MessageId: e.EventID, Headers: amqp.Table{config.EventIDHeader: e.EventID},
+			MessageId: e.EventID, Headers: headers,
 			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: e.Payload,
 		})
 		if err != nil {
@@ -208,7 +217,13 @@ func (p *redisPublisher) Publish(ctx context.Context, events []inbox.PendingEven
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, len(events))
 	for i, e := range events {
-		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: p.stream, Values: []any{"body", e.Payload, config.EventIDHeader, e.EventID}})
+		values := []any{"body", e.Payload, config.EventIDHeader, e.EventID}
+		for _, k := range sortedKeys(e.Headers) {
+			if k != "body" {
+				values = append(values, k, e.Headers[k])
+			}
+		}
+		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: p.stream, Values: values})
 	}
 	_, _ = pipe.Exec(ctx) // each command's own error is read below
 	for i, c := range cmds {
@@ -220,3 +235,12 @@ func (p *redisPublisher) Publish(ctx context.Context, events []inbox.PendingEven
 }
 
 func (p *redisPublisher) Close() { _ = p.rdb.Close() }
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -51,6 +51,9 @@ func (p *JetStreamPublisher) Publish(ctx context.Context, events []inbox.Pending
 	var sendErr error
 	for _, e := range events {
 		msg := &nats.Msg{Subject: p.subject, Data: e.Payload, Header: nats.Header{}}
+		for k, v := range e.Headers {
+			msg.Header.Set(k, v)
+		}
 		msg.Header.Set(jetstream.MsgIDHeader, e.EventID)
 		msg.Header.Set(config.EventIDHeader, e.EventID)
 		f, err := p.js.PublishMsgAsync(msg)

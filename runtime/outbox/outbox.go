@@ -33,8 +33,17 @@ type Writer struct {
 	target string
 	// fields is nil for the default payload (the incoming one).
 	fields  []field
+	headers []header
 	changed bool
 	key     *extract.Extractor
+	// requireJSON refuses a payload that is not JSON (the http endpoint
+	// takes application/json), as the inline effect does.
+	requireJSON bool
+}
+
+type header struct {
+	name string
+	expr extract.Expr
 }
 
 type field struct {
@@ -60,8 +69,24 @@ func NewWriter(cfg *config.Emit, key *extract.Extractor) (*Writer, error) {
 		q, _ := json.Marshal(n) // marshalling a string cannot fail
 		w.fields = append(w.fields, field{name: q, expr: e})
 	}
+	for n, src := range cfg.Headers {
+		e, err := extract.Compile(src)
+		if err != nil {
+			return nil, fmt.Errorf("while compiling emit.headers.%s: %w", n, err)
+		}
+		w.headers = append(w.headers, header{name: n, expr: e})
+	}
 	return w, nil
 }
+
+// NewHTTPWriter is the writer of the http effect with delivery: Outbox: one
+// row per new message, carrying the incoming payload, for the dispatcher.
+func NewHTTPWriter(cfg *config.HTTP, key *extract.Extractor) *Writer {
+	return &Writer{target: HTTPTarget(cfg), key: key, requireJSON: true}
+}
+
+// HTTPTarget names an http endpoint in the derived event id.
+func HTTPTarget(cfg *config.HTTP) string { return "http:" + cfg.Method + " " + cfg.URL }
 
 // OnlyChanged reports whether only records that changed state emit
 // (emit.when: Changed).
@@ -70,6 +95,9 @@ func (w *Writer) OnlyChanged() bool { return w.changed }
 // Row builds the outbox row of one new message. An error means the
 // message's payload cannot give the declared fields: the message's own fault.
 func (w *Writer) Row(m *extract.Message) (inbox.OutboxRow, error) {
+	if w.requireJSON && !m.ValidJSON() {
+		return inbox.OutboxRow{}, extract.ErrInvalidJSON
+	}
 	payload := m.Body
 	if w.fields != nil {
 		buf := []byte{'{'}
@@ -86,21 +114,26 @@ func (w *Writer) Row(m *extract.Message) (inbox.OutboxRow, error) {
 		}
 		payload = append(buf, '}')
 	}
-	shardKey := m.ID
-	if w.key != nil {
-		if k, err := w.key.Text(m); err == nil {
-			shardKey = k
+	var headers map[string]string
+	if len(w.headers) > 0 {
+		headers = make(map[string]string, len(w.headers))
+		for _, h := range w.headers {
+			v, err := h.expr.Text(m)
+			if err != nil {
+				return inbox.OutboxRow{}, fmt.Errorf("emit header %s: %w", h.name, err)
+			}
+			headers[h.name] = v
 		}
 	}
-	return inbox.OutboxRow{EventID: EventID(m.ID, w.target), SourceID: m.ID, Shard: Shard(shardKey), Payload: payload}, nil
+	shardKey, orderKey := m.ID, ""
+	if w.key != nil {
+		if k, err := w.key.Text(m); err == nil {
+			shardKey, orderKey = k, k
+		}
+	}
+	return inbox.OutboxRow{EventID: EventID(m.ID, w.target), SourceID: m.ID, Shard: Shard(shardKey), Payload: payload,
+		Headers: headers, OrderKey: orderKey}, nil
 }
 
 // Shard is FNV-1a of key modulo inbox.OutboxShards.
-func Shard(key string) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % inbox.OutboxShards)
-}
+func Shard(key string) int { return inbox.OutboxShard(key) }

@@ -85,3 +85,52 @@ func TestWriterRow(t *testing.T) {
 		t.Error("a payload field missing from the message must be an error (the message's own fault)")
 	}
 }
+
+func TestWriterHeadersAndOrderKey(t *testing.T) {
+	emit := &config.Emit{NATSJetStream: &config.EmitJetStream{URL: "nats://x:4222", Subject: "out"},
+		Headers: map[string]string{"Order-Status": "$.status", "Source-Id": "@messageId"}}
+	key, err := extract.CompileExtractor(config.Extractor{JSONPath: "$.orderId"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(emit, &key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := w.Row(message("m1", `{"orderId":"o-7","status":"paid"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Headers["Order-Status"] != "paid" || row.Headers["Source-Id"] != "m1" || len(row.Headers) != 2 {
+		t.Errorf("headers %v", row.Headers)
+	}
+	if row.OrderKey != "o-7" {
+		t.Errorf("order key %q, want the entity key o-7", row.OrderKey)
+	}
+	if _, err := w.Row(message("m2", `{"orderId":"o-7"}`)); err == nil {
+		t.Error("a header whose field is missing must be an error (the message's own fault)")
+	}
+	emit.Headers["Bad"] = "status"
+	if _, err := NewWriter(emit, nil); err == nil {
+		t.Error("an invalid header expression must not compile")
+	}
+}
+
+func TestHTTPWriter(t *testing.T) {
+	h := &config.HTTP{URL: "http://127.0.0.1:1/orders", Method: "POST", Delivery: config.HTTPOutbox}
+	w := NewHTTPWriter(h, nil)
+	body := `{"id":"m1"}`
+	row, err := w.Row(message("m1", body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(row.Payload) != body || row.SourceID != "m1" || row.EventID != EventID("m1", "http:POST http://127.0.0.1:1/orders") {
+		t.Errorf("row %+v", row)
+	}
+	if row.OrderKey != "" || row.Shard != Shard("m1") {
+		t.Errorf("without an entity key: order key %q shard %d, want none and the id's shard", row.OrderKey, row.Shard)
+	}
+	if _, err := w.Row(message("m2", `not json`)); err == nil {
+		t.Error("a payload that is not JSON must be refused, as the inline http effect does")
+	}
+}

@@ -47,6 +47,20 @@ type Relay struct {
 	// error abandons the batch unmarked (its transaction rolls back, as a
 	// killed process's would) and ends Run with that error.
 	AfterPublish func() error
+	// BeforePublish, when set, runs after a batch was claimed and before it
+	// is published: the point right after the consumer's COMMIT when the
+	// event exists only in the outbox. Chaos tests only
+	// (IDC_FAILPOINT=relay-before-publish), like AfterPublish.
+	BeforePublish func() error
+	// MaxAttempts is how many counted failures an event may have before it
+	// goes to the dead letters; 0 means never (broker targets: only
+	// ErrRejected dead-letters there).
+	MaxAttempts int
+	// DeadLetterClass is the reason_class of a dead-lettered event
+	// (default inbox.OutboxRejectedClass).
+	DeadLetterClass string
+
+	backoffs shardBackoffs
 }
 
 // publishTimeout bounds one batch's publish while its rows stay locked.
@@ -78,18 +92,39 @@ func (r *Relay) Run(ctx context.Context) error {
 var errFailpoint = errors.New("relay failpoint")
 
 // ErrRejected marks a publish error that retrying cannot fix (the event is
-// larger than the broker takes): a Publisher wraps it around the error of
-// the first unconfirmed event.
+// larger than the broker takes, the endpoint answered 4xx): a Publisher
+// wraps it around the error of that event, which goes to the dead letters.
 var ErrRejected = errors.New("rejected by the emit target")
 
+// ErrRetryable marks a failure the target itself reported for this event
+// (an http 5xx or 408): it is retried and counts toward MaxAttempts. Any
+// other error is an outage (unreachable, timed out, shedding load), retried
+// without counting unless the target answered other events of the batch.
+var ErrRetryable = errors.New("failed at the emit target")
+
+// EachPublisher is a Publisher whose events succeed or fail one by one,
+// not as a confirmed prefix (the http dispatcher, which calls different
+// keys in parallel): PublishEach returns one result per event, nil when it
+// was delivered. Events of one OrderKey are delivered in order: after a
+// failure, the later events of that key are not attempted.
+type EachPublisher interface {
+	Publisher
+	PublishEach(ctx context.Context, events []inbox.PendingEvent) []error
+}
+
 // work goes round the shards from start, publishing a batch of each shard
-// it can lock, until ctx ends.
+// it can lock, until ctx ends. A shard whose batch failed is left alone for
+// its own backoff (shared by this relay's workers), so one failing key or
+// event delays its shard, not the others.
 func (r *Relay) work(ctx context.Context, start int) error {
-	failures := 0
-	for k := 0; ctx.Err() == nil; k++ {
+	for ctx.Err() == nil {
 		full := false
 		for i := range inbox.OutboxShards {
-			n, err := r.RelayShard(ctx, (start+i)%inbox.OutboxShards)
+			shard := (start + i) % inbox.OutboxShards
+			if !r.backoffs.due(shard) {
+				continue
+			}
+			n, err := r.RelayShard(ctx, shard)
 			if errors.Is(err, errFailpoint) {
 				return err
 			}
@@ -97,14 +132,11 @@ func (r *Relay) work(ctx context.Context, start int) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				failures++
-				r.Log.Error(err, "Outbox relay failed; backing off", "failures", failures)
-				if !sleep(ctx, backoff(failures, r.BackoffInitial, r.BackoffMax)) {
-					return nil
-				}
+				failures, wait := r.backoffs.failed(shard, r.BackoffInitial, r.BackoffMax)
+				r.Log.Error(err, "Outbox relay failed; backing off this shard", "shard", shard, "failures", failures, "retryIn", wait.String())
 				continue
 			}
-			failures = 0
+			r.backoffs.succeeded(shard)
 			full = full || n >= r.BatchSize
 		}
 		if !full && !sleep(ctx, r.Poll) {
@@ -114,11 +146,43 @@ func (r *Relay) work(ctx context.Context, start int) error {
 	return nil
 }
 
+// shardBackoffs is the failure count and next try of every shard.
+type shardBackoffs struct {
+	mu        sync.Mutex
+	failures  [inbox.OutboxShards]int
+	notBefore [inbox.OutboxShards]time.Time
+}
+
+func (b *shardBackoffs) due(shard int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !time.Now().Before(b.notBefore[shard])
+}
+
+func (b *shardBackoffs) failed(shard int, initial, limit time.Duration) (int, time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures[shard]++
+	d := backoff(b.failures[shard], initial, limit)
+	b.notBefore[shard] = time.Now().Add(d)
+	return b.failures[shard], d
+}
+
+func (b *shardBackoffs) succeeded(shard int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures[shard], b.notBefore[shard] = 0, time.Time{}
+}
+
 // RelayShard publishes one batch of shard's unsent rows and marks what the
-// broker confirmed sent, in the one transaction that holds the rows. A crash
+// target confirmed sent, in the one transaction that holds the rows. A crash
 // between publish and commit leaves them unsent: they are published again
-// with the same id (at least once, deduplicated by the id). It returns how
-// many rows it marked sent (0 when another relay owns the shard).
+// with the same id (at least once, deduplicated by the id). Events that
+// failed keep their place (the next pass retries them, in id order), with
+// the error recorded; an event the target refused for good, or one whose
+// counted attempts reached MaxAttempts, goes to the dead letters so its
+// shard keeps going. It returns how many rows it marked sent (0 when another
+// relay owns the shard).
 func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
 	tx, err := r.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -129,44 +193,145 @@ func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
 	if err != nil || !ok || len(events) == 0 {
 		return 0, err
 	}
+	if r.BeforePublish != nil {
+		if err := r.BeforePublish(); err != nil {
+			return 0, fmt.Errorf("%w: %w", errFailpoint, err)
+		}
+	}
 	// A claimed batch is published and marked even when a stop is
 	// requested meanwhile: marking it is what saves a republish.
 	ctx = context.WithoutCancel(ctx)
 	pubCtx, cancel := context.WithTimeout(ctx, publishTimeout)
 	started := time.Now()
-	n, pubErr := r.Publisher.Publish(pubCtx, events)
+	results := r.publish(pubCtx, events)
 	cancel()
 	r.Metrics.PublishDuration.Observe(time.Since(started).Seconds())
-	if r.AfterPublish != nil && n > 0 {
+	var sent []int64
+	for i, e := range events {
+		if results[i] == nil {
+			sent = append(sent, e.ID)
+		}
+	}
+	if r.AfterPublish != nil && len(sent) > 0 {
 		if err := r.AfterPublish(); err != nil {
 			return 0, fmt.Errorf("%w: %w", errFailpoint, err)
 		}
 	}
-	ids := make([]int64, n)
-	for i := range n {
-		ids[i] = events[i].ID
-	}
-	if err := r.Store.MarkOutboxSent(ctx, tx, ids); err != nil {
+	if err := r.Store.MarkOutboxSent(ctx, tx, sent); err != nil {
 		return 0, err
 	}
-	if errors.Is(pubErr, ErrRejected) && n < len(events) {
-		// The event after the confirmed prefix can never be published:
-		// set it aside with its reason instead of blocking its shard.
-		if err := r.Store.DeadLetterOutbox(ctx, tx, events[n], pubErr.Error()); err != nil {
-			return 0, err
-		}
-		r.Log.Error(pubErr, "Outbox event rejected by the target; dead-lettered", "eventId", events[n].EventID, "messageId", events[n].SourceID)
-		r.Metrics.Rejected.Inc()
-		pubErr = nil
+	firstErr, err := r.settleFailures(ctx, tx, events, results)
+	if err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("while committing the relay transaction: %w", err)
 	}
-	r.Metrics.Published.Add(float64(n))
-	if pubErr != nil {
-		return n, fmt.Errorf("while publishing %d outbox events of shard %d (%d confirmed): %w", len(events), shard, n, pubErr)
+	r.Metrics.Published.Add(float64(len(sent)))
+	if firstErr != nil {
+		r.Metrics.Failures.Inc()
+		return len(sent), fmt.Errorf("while publishing %d outbox events of shard %d (%d confirmed): %w", len(events), shard, len(sent), firstErr)
 	}
-	return n, nil
+	return len(sent), nil
+}
+
+// errNotAttempted marks an event a publisher did not try because an earlier
+// one (of the batch, or of its key) failed: it keeps its place, uncounted.
+var errNotAttempted = errors.New("not attempted after an earlier failure")
+
+// publish returns one result per event, nil for a confirmed one.
+func (r *Relay) publish(ctx context.Context, events []inbox.PendingEvent) []error {
+	if ep, ok := r.Publisher.(EachPublisher); ok {
+		return ep.PublishEach(ctx, events)
+	}
+	n, err := r.Publisher.Publish(ctx, events)
+	results := make([]error, len(events))
+	if n < len(events) {
+		if err == nil {
+			err = errors.New("the target confirmed only part of the batch")
+		}
+		results[n] = err
+		for i := n + 1; i < len(events); i++ {
+			results[i] = errNotAttempted
+		}
+	}
+	return results
+}
+
+// settleFailures records the failed events of a batch in tx and moves to the
+// dead letters those the target refused for good (ErrRejected) and those
+// whose counted attempts reached MaxAttempts. A failure counts when it is
+// ErrRetryable, or an outage while another event of the batch got through
+// (the target answered): a target that is down delays events but never
+// dead-letters them, as with the inline http effect. It returns the first
+// failure that is left to retry.
+func (r *Relay) settleFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error) (error, error) {
+	answered := false
+	for _, res := range results {
+		answered = answered || res == nil || errors.Is(res, ErrRetryable) || errors.Is(res, ErrRejected)
+	}
+	var firstErr error
+	var counted, uncounted []int64
+	reasons := map[int64]error{}
+	for i, res := range results {
+		e := events[i]
+		switch {
+		case res == nil || errors.Is(res, errNotAttempted):
+			continue
+		case errors.Is(res, ErrRejected):
+			if err := r.deadLetter(ctx, tx, e, res); err != nil {
+				return nil, err
+			}
+			continue
+		case errors.Is(res, ErrRetryable) || answered:
+			counted = append(counted, e.ID)
+		default:
+			uncounted = append(uncounted, e.ID)
+		}
+		reasons[e.ID] = res
+		if firstErr == nil {
+			firstErr = res
+		}
+	}
+	for _, group := range []struct {
+		ids     []int64
+		counted bool
+	}{{counted, true}, {uncounted, false}} {
+		// One statement per group; the reason recorded is the group's
+		// first, which is what an operator reading last_error needs.
+		if len(group.ids) == 0 {
+			continue
+		}
+		attempts, err := r.Store.NoteOutboxFailure(ctx, tx, group.ids, reasons[group.ids[0]].Error(), group.counted)
+		if err != nil {
+			return nil, err
+		}
+		if !group.counted || r.MaxAttempts <= 0 {
+			continue
+		}
+		for i, e := range events {
+			if n, ok := attempts[e.ID]; ok && n >= r.MaxAttempts {
+				e.Attempts = n
+				if err := r.deadLetter(ctx, tx, e, fmt.Errorf("gave up after %d attempts: %w", n, results[i])); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return firstErr, nil
+}
+
+func (r *Relay) deadLetter(ctx context.Context, tx pgx.Tx, e inbox.PendingEvent, reason error) error {
+	class := r.DeadLetterClass
+	if class == "" {
+		class = inbox.OutboxRejectedClass
+	}
+	if err := r.Store.DeadLetterOutbox(ctx, tx, e, reason.Error(), class); err != nil {
+		return err
+	}
+	r.Log.Error(reason, "Outbox event dead-lettered", "eventId", e.EventID, "messageId", e.SourceID, "class", class)
+	r.Metrics.Rejected.Inc()
+	return nil
 }
 
 func (r *Relay) refreshStats(ctx context.Context) {
@@ -212,6 +377,7 @@ type Metrics struct {
 	OldestAge       prometheus.Gauge
 	Published       prometheus.Counter
 	Rejected        prometheus.Counter
+	Failures        prometheus.Counter
 	PublishDuration prometheus.Histogram
 }
 
@@ -225,11 +391,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Published: prometheus.NewCounter(prometheus.CounterOpts{Name: "idc_outbox_published_total",
 			Help: "Outbox events the broker confirmed and the relay marked sent."}),
 		Rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "idc_outbox_rejected_total",
-			Help: "Outbox events the target refused for good (too large), moved to the dead letters."}),
+			Help: "Outbox events moved to the dead letters: refused for good by the target (too large, http 4xx) or out of attempts."}),
+		Failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "idc_outbox_publish_failures_total",
+			Help: "Relay batches in which an event failed to publish and was left to retry (see the runtime log and last_error)."}),
 		PublishDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "idc_outbox_publish_duration_seconds",
 			Help: "Time to publish one relay batch until the broker confirmed it.", Buckets: prometheus.DefBuckets}),
 	}
-	for _, c := range []prometheus.Collector{m.Pending, m.OldestAge, m.Published, m.Rejected, m.PublishDuration} {
+	for _, c := range []prometheus.Collector{m.Pending, m.OldestAge, m.Published, m.Rejected, m.Failures, m.PublishDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("while registering outbox metrics: %w", err)
 		}

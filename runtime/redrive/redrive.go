@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -33,6 +34,11 @@ import (
 // outcomeSkipped is a selected row that was gone or locked by a concurrent
 // redrive when its turn came; it is not recorded.
 const outcomeSkipped = "skipped"
+
+// outcomeRequeued is a dead-lettered outbox event put back in the outbox:
+// its message's claim and effect committed long ago, only the publish (or
+// the http call) is to be done again.
+const outcomeRequeued = "requeued"
 
 // ErrNotTheMessage wraps the error that stopped a run because the sink or
 // the database, not a message, is at fault.
@@ -59,6 +65,7 @@ type Result struct {
 	Stale        int    `json:"stale"`
 	StillFailing int    `json:"stillFailing"`
 	Unusable     int    `json:"unusable"`
+	Requeued     int    `json:"requeued"`
 	// Skipped rows were gone or held by a concurrent redrive.
 	Skipped int `json:"skipped"`
 }
@@ -75,6 +82,8 @@ func (r *Result) count(outcome string) {
 		r.StillFailing++
 	case consumer.OutcomeUnusable:
 		r.Unusable++
+	case outcomeRequeued:
+		r.Requeued++
 	default:
 		r.Skipped++
 	}
@@ -103,7 +112,7 @@ func New(pool *pgxpool.Pool, cfg *config.Config, log logr.Logger) (*Redriver, er
 		return nil, err
 	}
 	return &Redriver{pool: pool, store: store, settler: settler, delivery: cfg.Delivery, log: log,
-		transactional: cfg.Sink.Effect.HTTP == nil}, nil
+		transactional: cfg.Sink.Effect.HTTP == nil || cfg.UsesOutbox()}, nil
 }
 
 // Store is the inbox the redriver works on.
@@ -196,6 +205,21 @@ func (r *Redriver) settle(ctx context.Context, opts Options, id int64) (string, 
 		if err != nil || d == nil {
 			outcome = outcomeSkipped
 			return err
+		}
+		if strings.HasPrefix(d.NativeID, inbox.OutboxNativeIDPrefix) {
+			// An outbox event: the source message's id is in the inbox
+			// (its effect committed), so the claim would settle it as a
+			// duplicate and the event would be lost. It goes back in the
+			// outbox, with its attempts reset, for the relay.
+			if err := r.store.RequeueOutbox(ctx, tx, *d); err != nil {
+				return err
+			}
+			if err := r.store.DeleteDeadLetter(ctx, tx, id); err != nil {
+				return err
+			}
+			outcome = outcomeRequeued
+			return r.store.RecordRedrive(ctx, tx, inbox.Redrive{Run: opts.Run, DeadLetterID: id,
+				MessageID: d.MessageID, Outcome: outcome})
 		}
 		published := d.PublishedAt
 		if published.IsZero() {

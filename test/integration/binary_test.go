@@ -30,6 +30,7 @@ func TestBinary(t *testing.T) {
 	t.Run("FailpointKillsBetweenCommitAndAck", func(t *testing.T) { failpoint(t, bin) })
 	t.Run("RelayFailpointKillsBetweenPublishAndMark", func(t *testing.T) { relayFailpoint(t, bin) })
 	t.Run("PipelineChaos", func(t *testing.T) { pipelineChaos(t, bin) })
+	t.Run("HTTPOutbox", func(t *testing.T) { httpOutbox(t, bin) })
 }
 
 func buildBinary(t *testing.T) string {

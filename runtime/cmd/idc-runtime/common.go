@@ -96,7 +96,7 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 		// One connection per in-flight transaction, plus the stats and
 		// partition upkeep; with emit, one per relay worker as well.
 		conns := cfg.Delivery.InFlight + 2
-		if cfg.Emit != nil {
+		if cfg.UsesOutbox() {
 			conns += cfg.Delivery.InFlight
 		}
 		pc.MaxConns = max(pc.MaxConns, int32(conns))

@@ -103,6 +103,13 @@ func TestFailpoint(t *testing.T) {
 	if err := armFailpoint(failpointAfterCommit, logr.Discard()); err != nil || consumer.AfterCommitHook == nil {
 		t.Fatalf("known failpoint not armed: %v", err)
 	}
+	defer func() { relayBeforePublish, relayAfterPublish = nil, nil }()
+	if err := armFailpoint(failpointBeforeRelay, logr.Discard()); err != nil || relayBeforePublish == nil || relayAfterPublish != nil {
+		t.Fatalf("relay-before-publish armed %v (before) %v (after): %v", relayBeforePublish != nil, relayAfterPublish != nil, err)
+	}
+	if err := armFailpoint(failpointAfterRelay, logr.Discard()); err != nil || relayAfterPublish == nil {
+		t.Fatalf("relay-after-publish-before-mark not armed: %v", err)
+	}
 }
 
 func TestLiveness(t *testing.T) {

@@ -31,7 +31,7 @@ func (l *stringList) Set(v string) error {
 
 // reasonClasses are the values --reason accepts: the dead-letter reason
 // classes (the idc_dead_letters_total label).
-var reasonClasses = []string{"missing_id", "invalid_id", "invalid_json", "evaluation", "database", "http", "id_conflict"}
+var reasonClasses = []string{"missing_id", "invalid_id", "invalid_json", "evaluation", "database", "http", "id_conflict", "outbox_rejected"}
 
 // redriveFlags are the flags of the redrive command.
 type redriveFlags struct {
@@ -93,7 +93,7 @@ func redriveCommand(args []string, stdout, stderr io.Writer) int {
 		return report(log, runErr)
 	}
 	log.Info("Redrive finished", "run", res.Run, "dryRun", res.DryRun, "selected", res.Selected, "applied", res.Applied,
-		"duplicates", res.Duplicates, "stale", res.Stale, "stillFailing", res.StillFailing, "unusable", res.Unusable, "skipped", res.Skipped)
+		"duplicates", res.Duplicates, "stale", res.Stale, "stillFailing", res.StillFailing, "unusable", res.Unusable, "requeued", res.Requeued, "skipped", res.Skipped)
 	return exitOK
 }
 

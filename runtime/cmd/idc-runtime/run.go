@@ -31,6 +31,7 @@ const (
 	failpointEnv         = "IDC_FAILPOINT"
 	failpointAfterCommit = "after-commit-before-ack"
 	failpointAfterRelay  = "relay-after-publish-before-mark"
+	failpointBeforeRelay = "relay-before-publish"
 )
 
 // shutdownTimeout bounds the HTTP server's shutdown after the loop stopped.
@@ -103,12 +104,23 @@ func armFailpoint(value string, log logr.Logger) error {
 			return nil
 		}
 		return nil
+	case failpointBeforeRelay:
+		log.Info("CHAOS FAILPOINT ARMED: the process will SIGKILL itself when the outbox relay first claimed committed events, before publishing them",
+			"env", failpointEnv, "value", value)
+		relayBeforePublish = func() error {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Hour) // never reach the publish
+			return nil
+		}
+		return nil
 	}
-	return withCode(exitUsage, fmt.Errorf("%s=%q is not a known failpoint (only %q, %q)", failpointEnv, value, failpointAfterCommit, failpointAfterRelay))
+	return withCode(exitUsage, fmt.Errorf("%s=%q is not a known failpoint (only %q, %q, %q)", failpointEnv, value,
+		failpointAfterCommit, failpointBeforeRelay, failpointAfterRelay))
 }
 
-// relayAfterPublish is the relay's failpoint hook (nil unless armed).
-var relayAfterPublish func() error
+// relayAfterPublish and relayBeforePublish are the relay's failpoint hooks
+// (nil unless armed).
+var relayAfterPublish, relayBeforePublish func() error
 
 // runConsumer serves the probes and metrics, gets the database and broker
 // ready (retrying while either is down), and runs the loop until ctx ends.
@@ -197,7 +209,7 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	watched.Source = src
 	state.touch()
 	go ops.refresh(ctx, cfg, store, log)
-	if cfg.Emit != nil {
+	if cfg.UsesOutbox() {
 		relay, ok := openRelay(ctx, cfg, log, pool, store, relayMetrics)
 		if !ok {
 			return nil
@@ -228,17 +240,32 @@ func shutdownServer(srv *server.Server, log logr.Logger) {
 // openRelay connects the emit target (retrying while it is down) and builds
 // this replica's outbox relay. It reports false when ctx ended first.
 func openRelay(ctx context.Context, cfg *config.Config, log logr.Logger, pool *pgxpool.Pool, store *inbox.Store, metrics *outbox.Metrics) (*outbox.Relay, bool) {
+	d := cfg.Delivery
+	relay := &outbox.Relay{
+		Store: store, Pool: pool, Metrics: metrics, Log: log.WithName("outbox"),
+		BatchSize: d.BatchSize, Workers: d.InFlight, Poll: d.MaxWait.Duration,
+		BackoffInitial: d.BackoffInitial.Duration, BackoffMax: d.BackoffMax.Duration,
+		AfterPublish: relayAfterPublish, BeforePublish: relayBeforePublish,
+	}
+	if cfg.Emit == nil {
+		// The http effect with delivery: Outbox: the dispatcher calls the
+		// endpoint, giving up (a dead letter, class http) after
+		// maxAttempts counted failures, as the inline effect does.
+		pub, err := outbox.NewHTTPDispatcher(cfg.Sink.Effect.HTTP)
+		if err != nil {
+			log.Error(err, "Cannot build the http dispatcher")
+			return nil, false
+		}
+		relay.Publisher, relay.MaxAttempts, relay.DeadLetterClass = pub, d.MaxAttempts, outbox.HTTPDeadLetterClass
+		relay.Log = log.WithName("dispatcher")
+		return relay, true
+	}
 	pub, ok := retry(ctx, log, "open emit target", cfg.Delivery, func(context.Context) (outbox.Publisher, error) {
 		return outbox.NewPublisher(cfg.Emit)
 	})
 	if !ok {
 		return nil, false
 	}
-	d := cfg.Delivery
-	return &outbox.Relay{
-		Store: store, Pool: pool, Publisher: pub, Metrics: metrics, Log: log.WithName("outbox"),
-		BatchSize: d.BatchSize, Workers: d.InFlight, Poll: d.MaxWait.Duration,
-		BackoffInitial: d.BackoffInitial.Duration, BackoffMax: d.BackoffMax.Duration,
-		AfterPublish: relayAfterPublish,
-	}, true
+	relay.Publisher = pub
+	return relay, true
 }
