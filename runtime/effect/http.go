@@ -46,7 +46,11 @@ func newHTTP(cfg *config.HTTP) (*httpEffect, error) {
 	if _, err := http.NewRequest(method, cfg.URL, nil); err != nil {
 		return nil, fmt.Errorf("while building the http effect: %w", err)
 	}
-	return &httpEffect{url: cfg.URL, method: method, timeout: timeout, client: &http.Client{}}, nil
+	// Calls run up to httpConcurrency (inline) or the dispatcher's
+	// concurrency at once: keep that many connections alive, not
+	// net/http's default of 2 per host.
+	transport := &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+	return &httpEffect{url: cfg.URL, method: method, timeout: timeout, client: &http.Client{Transport: transport}}, nil
 }
 
 func (h *httpEffect) Transactional() bool { return false }
@@ -128,7 +132,6 @@ func NewHTTPCaller(cfg *config.HTTP) (*HTTPCaller, error) {
 	if err != nil {
 		return nil, err
 	}
-	h.client = &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
 	return &HTTPCaller{h: h}, nil
 }
 
