@@ -26,7 +26,9 @@ type pipelineNode struct {
 // messages, >= 30 kills, >= 5 at a failpoint) with IDC_CHAOS=long: two replicas of each stage as real
 // idc-runtime processes; while stage A's input drains, random replicas are
 // SIGKILLed and restarted, some armed to kill themselves between COMMIT
-// and ack, some (stage A) between the relay's publish and mark-sent. Then
+// and ack, some (stage A) after COMMIT with events in the outbox and before
+// the relay published them, some between the relay's publish and
+// mark-sent (the long form waits until each kind fired). Then
 // everything runs unarmed until both stages drained, and the database alone
 // must show one row in B per original order and B's inbox holding each
 // event id once.
@@ -80,10 +82,22 @@ func pipelineChaos(t *testing.T, bin string) {
 			return false
 		}
 	}
+	failpointKinds := []string{"after-commit-before-ack", "relay-before-publish", "relay-after-publish-before-mark"}
+	everyKind := func() bool {
+		if minFailpoints < len(failpointKinds) {
+			return true // the short form cannot wait for each kind
+		}
+		for _, k := range failpointKinds {
+			if byFailpoint[k] == 0 {
+				return false
+			}
+		}
+		return true
+	}
 	done := func() bool {
 		select {
 		case <-published:
-			return kills+failpointKills >= minKills && failpointKills >= minFailpoints
+			return kills+failpointKills >= minKills && failpointKills >= minFailpoints && everyKind()
 		default:
 			return false
 		}
@@ -107,10 +121,17 @@ func pipelineChaos(t *testing.T, bin string) {
 			kills++
 		}
 		armed := ""
-		switch rng.IntN(3) {
+		switch rng.IntN(4) {
 		case 0:
 			armed = "after-commit-before-ack"
 		case 1:
+			if victim.stage == "a" {
+				// Dies with events committed in the outbox and not yet
+				// published: the other replica's relay, or its own
+				// restart, must publish them.
+				armed = "relay-before-publish"
+			}
+		case 2:
 			if victim.stage == "a" {
 				armed = "relay-after-publish-before-mark"
 			}
