@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -58,6 +59,10 @@ type session struct {
 	buf chan amqp.Delivery
 	// pending holds the tags fetched and not yet acknowledged.
 	pending map[uint64]struct{}
+	// deferred holds tags the caller acknowledged that are not sent yet
+	// because an older tag is still pending (see Ack), with the time each
+	// was acknowledged.
+	deferred map[uint64]time.Time
 	// done stops the pump when the session is dropped.
 	done chan struct{}
 }
@@ -159,7 +164,7 @@ func (s *Source) open(conn *amqp.Connection) (*session, error) {
 	sess := &session{
 		gen: s.gen, conn: conn, ch: ch,
 		buf:     make(chan amqp.Delivery, max(s.cfg.Prefetch, 1)),
-		pending: map[uint64]struct{}{},
+		pending: map[uint64]struct{}{}, deferred: map[uint64]time.Time{},
 		done:    make(chan struct{}),
 	}
 	// The library hands deliveries over an unbuffered channel; pumping them
@@ -298,10 +303,19 @@ func (s *Source) messages(sess *session, ds []amqp.Delivery) []source.Message {
 	return msgs
 }
 
-// Ack acknowledges the deliveries of the current channel per delivery tag:
-// each contiguous run of tags with nothing older outstanding goes as one
-// multiple-ack, every other tag on its own (a multiple-ack would also
-// acknowledge an older delivery of another in-flight transaction).
+// maxAckDelay is how long an acknowledged delivery may wait behind an older
+// one still in flight before it is acknowledged on its own.
+const maxAckDelay = time.Second
+
+// Ack acknowledges the deliveries of the current channel. Lanes commit out
+// of order, so their tags interleave; acknowledging each tag on its own
+// costs the broker one frame per message. Instead a tag acknowledged while
+// an older one is still pending is deferred, and everything below the
+// oldest pending tag goes as ONE multiple-ack (exact: every tag below it was
+// acknowledged by the caller). A deferred tag that waited maxAckDelay is
+// sent on its own, so a slow lane never holds the others' acks for long;
+// Close sends what is left. A deferred ack lost with its channel is only a
+// redelivery, which the inbox settles as a duplicate.
 // Deliveries from an earlier channel yield ErrStaleDelivery.
 func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 	s.mu.Lock()
@@ -324,49 +338,57 @@ func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 		errs = append(errs, fmt.Errorf("%d of %d deliveries: %w", stale, len(msgs), ErrStaleDelivery))
 	}
 	if len(tags) > 0 {
-		if err := s.ackTags(s.session, tags); err != nil {
+		if err := s.ackTags(s.session, tags, time.Now()); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (s *Source) ackTags(sess *session, tags []uint64) error {
-	slices.Sort(tags)
-	tags = slices.Compact(tags)
-	for _, run := range contiguousRuns(tags) {
-		var err error
-		if oldestPending(sess.pending) >= run[0] {
-			err = sess.ch.Ack(run[len(run)-1], true)
-		} else {
-			for _, tag := range run {
-				if err = sess.ch.Ack(tag, false); err != nil {
-					break
-				}
+func (s *Source) ackTags(sess *session, tags []uint64, now time.Time) error {
+	for _, tag := range tags {
+		if _, ok := sess.pending[tag]; ok {
+			delete(sess.pending, tag)
+			sess.deferred[tag] = now
+		}
+	}
+	watermark := oldestPending(sess.pending)
+	var below uint64
+	found := false
+	var overdue []uint64
+	for tag, at := range sess.deferred {
+		switch {
+		case tag < watermark:
+			below, found = max(below, tag), true
+		case now.Sub(at) >= maxAckDelay:
+			overdue = append(overdue, tag)
+		}
+	}
+	if found {
+		if err := sess.ch.Ack(below, true); err != nil {
+			s.dropLocked(sess, "acknowledgement failed")
+			return fmt.Errorf("while acknowledging deliveries up to tag %d: %w", below, err)
+		}
+		for tag := range sess.deferred {
+			if tag <= below {
+				delete(sess.deferred, tag)
 			}
 		}
-		if err != nil {
-			s.dropLocked(sess, "acknowledgement failed")
-			return fmt.Errorf("while acknowledging %d deliveries: %w", len(tags), err)
-		}
-		for _, tag := range run {
-			delete(sess.pending, tag)
-		}
 	}
-	return nil
+	return s.ackEach(sess, overdue)
 }
 
-// contiguousRuns splits sorted, distinct tags into runs of consecutive tags.
-func contiguousRuns(tags []uint64) [][]uint64 {
-	var runs [][]uint64
-	start := 0
-	for i := 1; i <= len(tags); i++ {
-		if i == len(tags) || tags[i] != tags[i-1]+1 {
-			runs = append(runs, tags[start:i])
-			start = i
+// ackEach acknowledges deferred tags one by one.
+func (s *Source) ackEach(sess *session, tags []uint64) error {
+	slices.Sort(tags)
+	for _, tag := range tags {
+		if err := sess.ch.Ack(tag, false); err != nil {
+			s.dropLocked(sess, "acknowledgement failed")
+			return fmt.Errorf("while acknowledging delivery %d: %w", tag, err)
 		}
+		delete(sess.deferred, tag)
 	}
-	return runs
+	return nil
 }
 
 // oldestPending is the smallest outstanding tag (MaxUint64 when none): a
@@ -387,9 +409,17 @@ func (s *Source) Close() error {
 	s.mu.Lock()
 	sess := s.session
 	s.session = nil
+	var flushErr error
+	if sess != nil && len(sess.deferred) > 0 {
+		// What the caller acknowledged is sent before the channel goes.
+		flushErr = s.ackEach(sess, slices.Collect(maps.Keys(sess.deferred)))
+	}
 	s.mu.Unlock()
 	if sess == nil {
 		return nil
+	}
+	if flushErr != nil {
+		s.log.Error(flushErr, "Sending the deferred acknowledgements failed; the broker redelivers them")
 	}
 	if err := sess.close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		return fmt.Errorf("while closing the RabbitMQ connection: %w", err)

@@ -324,15 +324,53 @@ func TestInterleavedLanesAckExactlyTheirOwn(t *testing.T) {
 	}
 }
 
-func TestContiguousRunsAndOldestPending(t *testing.T) {
-	runs := contiguousRuns([]uint64{1, 2, 3, 5, 7, 8})
-	if fmt.Sprint(runs) != "[[1 2 3] [5] [7 8]]" {
-		t.Errorf("runs = %v", runs)
-	}
+func TestOldestPending(t *testing.T) {
 	if got := oldestPending(map[uint64]struct{}{9: {}, 4: {}, 6: {}}); got != 4 {
 		t.Errorf("oldestPending = %d, want 4", got)
 	}
 	if got := oldestPending(nil); got != ^uint64(0) {
 		t.Errorf("oldestPending(empty) = %d", got)
+	}
+}
+
+// TestDeferredAcks: a delivery acknowledged while an older one is in flight
+// waits (it is covered by a later multiple-ack), unless it waited
+// maxAckDelay: then it goes on its own. The connection is cut without
+// Close (no flush), so the broker redelivers exactly what was not sent.
+func TestDeferredAcks(t *testing.T) {
+	f := newFixture(t, nil)
+	f.publish(t, outgoing("a", "b"))
+	s := newSource(t, f.cfg())
+	ab := fetchN(t, s, 2)
+	if err := s.Ack(t.Context(), ab[1:]); err != nil { // b, behind a
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	deferred := len(s.session.deferred)
+	s.mu.Unlock()
+	if deferred != 1 {
+		t.Fatalf("%d deferred acks, want b's", deferred)
+	}
+	time.Sleep(maxAckDelay + 100*time.Millisecond)
+	f.publish(t, outgoing("c"))
+	c := fetchN(t, s, 1)
+	if err := s.Ack(t.Context(), c); err != nil { // b is overdue now; c waits behind a
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	_ = s.session.conn.Close() // a crash: no flush of c
+	s.mu.Unlock()
+	s2 := newSource(t, f.cfg())
+	again := fetchN(t, s2, 2)
+	if got := again[0].NativeID + "," + again[1].NativeID; got != "a,c" {
+		t.Errorf("redelivered %s, want a,c (b's overdue ack was sent, c's was still deferred)", got)
+	}
+	if err := s2.Ack(t.Context(), again); err != nil {
+		t.Fatal(err)
+	}
+	_ = s2.Close()
+	s3 := newSource(t, f.cfg())
+	if rest, err := s3.Fetch(t.Context(), 10, 500*time.Millisecond); err != nil || len(rest) != 0 {
+		t.Fatalf("after a multiple-ack of a and c: %d deliveries, %v", len(rest), err)
 	}
 }

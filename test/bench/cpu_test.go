@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times (100 on
+// Linux/amd64).
+const clockTicks = 100
+
+// cpuSnapshot is the CPU time (user + system) spent so far by the machine's
+// NATS server, its PostgreSQL server (live processes plus the children the
+// postmaster reaped: backends of closed connections) and this benchmark
+// process.
+type cpuSnapshot struct {
+	at                            time.Time
+	nats, postgres, runtime, self time.Duration
+}
+
+// takeCPU reads the snapshot; replicas are the pids of idc-runtime
+// processes, counted as runtime.
+func takeCPU(replicas ...int) cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), self: selfCPU()}
+	for _, pid := range replicas {
+		if _, fields, ok := readStat(fmt.Sprintf("/proc/%d/stat", pid)); ok {
+			s.runtime += ticks(fields, 11) + ticks(fields, 12)
+		}
+	}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		comm, fields, ok := readStat(p)
+		if !ok {
+			continue
+		}
+		switch comm {
+		case "nats-server":
+			s.nats += ticks(fields, 11) + ticks(fields, 12) + ticks(fields, 13) + ticks(fields, 14)
+		case "postgres":
+			s.postgres += ticks(fields, 11) + ticks(fields, 12) + ticks(fields, 13) + ticks(fields, 14)
+		}
+	}
+	return s
+}
+
+// readStat splits /proc/<pid>/stat after the command name: fields[0] is
+// the state (field 3), fields[11..14] utime, stime, cutime, cstime.
+func readStat(path string) (string, []string, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", nil, false
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", nil, false
+	}
+	fields := strings.Fields(s[end+1:])
+	if len(fields) < 15 {
+		return "", nil, false
+	}
+	return s[open+1 : end], fields, true
+}
+
+func ticks(fields []string, i int) time.Duration {
+	n, _ := strconv.ParseInt(fields[i], 10, 64)
+	return time.Duration(n) * time.Second / clockTicks
+}
+
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuUse is where the cores went during one row.
+type cpuUse struct {
+	wall                          time.Duration
+	nats, postgres, runtime, self time.Duration
+}
+
+func cpuSince(before cpuSnapshot, replicas ...int) *cpuUse {
+	after := takeCPU(replicas...)
+	return &cpuUse{wall: after.at.Sub(before.at), nats: after.nats - before.nats, postgres: after.postgres - before.postgres,
+		runtime: after.runtime - before.runtime, self: after.self - before.self}
+}
+
+func (c cpuUse) String() string {
+	total := c.nats + c.postgres + c.runtime + c.self
+	return fmt.Sprintf("wall=%.2fs nats=%.2fs postgres=%.2fs idc_runtime=%.2fs bench_process=%.2fs total=%.2fs cores_busy=%.2f of %d",
+		c.wall.Seconds(), c.nats.Seconds(), c.postgres.Seconds(), c.runtime.Seconds(), c.self.Seconds(), total.Seconds(),
+		total.Seconds()/c.wall.Seconds(), runtime.NumCPU())
+}
+
+func (rs *replicaSet) pids() []int {
+	pids := make([]int, len(rs.cmds))
+	for i, c := range rs.cmds {
+		pids[i] = c.Process.Pid
+	}
+	return pids
+}
