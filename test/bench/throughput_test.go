@@ -739,7 +739,7 @@ func (t *throughputEnv) runKafka(b *testing.B, replicas, batch int) row {
 	elapsed, rss := rs.measure(b, "kafka", len(t.w.bodies))
 	t.checkResult(b, schema)
 	return row{name: "kafka_kfake_upsert", replicas: replicas, batch: batch, msgs: len(t.w.bodies), elapsed: elapsed, rssMiB: rss,
-		note: "kfake in-process: NOT representative of a real Kafka broker"}
+		note: "kfake in-process: NOT representative of a real Kafka broker; kfake ignores fetch max bytes (one fetch returns a whole partition), so this RSS is kfake's buffering, not the runtime's"}
 }
 
 // --- helpers ---
