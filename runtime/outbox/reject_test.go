@@ -39,7 +39,7 @@ func TestRelayDeadLettersRejectedEvent(t *testing.T) {
 	defer nc.Close()
 	huge := bytes.Repeat([]byte("x"), int(nc.MaxPayload())+1)
 	rows := []inbox.OutboxRow{
-		{EventID: "e1", SourceID: "m1", Shard: 5, Payload: []byte(`{"n":1}`)},
+		{EventID: "e1", SourceID: "m1", Shard: 5, Payload: []byte(`{"n":1}`), Headers: map[string]string{"Order-Version": "1"}},
 		{EventID: "e2", SourceID: "m2", Shard: 5, Payload: huge},
 		{EventID: "e3", SourceID: "m3", Shard: 5, Payload: []byte(`{"n":3}`)},
 	}
@@ -80,6 +80,9 @@ func TestRelayDeadLettersRejectedEvent(t *testing.T) {
 			t.Fatalf("stream message %d: %v", seq, err)
 		}
 		got = append(got, m.Header.Get(jetstream.MsgIDHeader))
+		if want := map[uint64]string{1: "1", 2: ""}[seq]; m.Header.Get("Order-Version") != want {
+			t.Errorf("message %d: Order-Version header %q, want %q (emit.headers, stored with the row)", seq, m.Header.Get("Order-Version"), want)
+		}
 	}
 	if info, _ := s.Info(ctx); info.State.Msgs != 2 || got[0] != "e1" || got[1] != "e3" {
 		t.Errorf("stream holds %v (%d), want e1 then e3", got, info.State.Msgs)

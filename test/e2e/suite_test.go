@@ -59,6 +59,7 @@ func TestRealNode(t *testing.T) {
 		{"metrics-authn-authz", s.metricsAuth},
 		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
 		{"every-broker-goes-ready", s.everyBroker},
+		{"pipeline-emit-and-http-outbox", s.pipelineAndHTTPOutbox},
 		{"pod-killed-under-load", s.podKilledUnderLoad},
 		{"prune-cronjob", s.pruneCronJob},
 		{"spec-change-rolls", s.specChangeRolls},

@@ -45,15 +45,17 @@ func pipelineInto(t *testing.T, out broker, emit *config.Emit) {
 	db := newDatabase(t)
 	db.exec(t, "CREATE SCHEMA app",
 		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
-		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int)")
+		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int, hdr text)")
 	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), "unused", config.EmitAlways)
 	emit.Payload, emit.When = a.Emit.Payload, a.Emit.When
+	emit.Headers = map[string]string{"Order-Version": "$.version"}
 	a.Emit = emit
 	if err := a.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	b := stageBConfig(out.sourceConfig(), a.Sink.DSNEnv)
 	b.Message.ID = config.Extractor{Header: config.EventIDHeader}
+	b.Sink.Effect.Append.Columns["hdr"] = "@header:Order-Version"
 	migrateInbox(t, db, a)
 	migrateInbox(t, db, b)
 	msgs := withDuplicates(keyedEvents(unique, 25), dupShare, rand.New(rand.NewPCG(7, 8)))
@@ -105,6 +107,9 @@ func pipelineInto(t *testing.T, out broker, emit *config.Emit) {
 		out.name(), published, unique, ids, rows-ids, unique-ids, stageB.duplicates())
 	if rows != unique || ids != unique {
 		t.Errorf("stage B: %d rows over %d original ids, want exactly %d, one each", rows, ids, unique)
+	}
+	if n := db.queryInt(t, "SELECT count(*) FROM app.projected WHERE hdr IS DISTINCT FROM version::text"); n != 0 {
+		t.Errorf("%d rows whose Order-Version header (emit.headers) is not the event's version", n)
 	}
 	if published != unique {
 		t.Errorf("the relays marked %d events sent, want each of the %d outbox rows once", published, unique)
