@@ -7,8 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"maps"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -163,9 +163,10 @@ func (s *Source) open(conn *amqp.Connection) (*session, error) {
 	s.gen++
 	sess := &session{
 		gen: s.gen, conn: conn, ch: ch,
-		buf:     make(chan amqp.Delivery, max(s.cfg.Prefetch, 1)),
-		pending: map[uint64]struct{}{}, deferred: map[uint64]time.Time{},
-		done:    make(chan struct{}),
+		buf:      make(chan amqp.Delivery, max(s.cfg.Prefetch, 1)),
+		pending:  map[uint64]struct{}{},
+		deferred: map[uint64]time.Time{},
+		done:     make(chan struct{}),
 	}
 	// The library hands deliveries over an unbuffered channel; pumping them
 	// into buf lets Fetch drain what has arrived without racing the
