@@ -75,8 +75,14 @@ envtest: ## Build kube-apiserver and etcd from the Go module proxy; print their 
 services: ## Check the local PostgreSQL, NATS, RabbitMQ and Redis; start any that is down.
 	@hack/services.sh ensure
 
+.PHONY: promtool
+promtool: ## Install promtool (Debian package prometheus) for the alert tests, when missing.
+	@command -v promtool >/dev/null || { echo "installing promtool (Debian package prometheus) for test/monitoring" >&2; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; }
+
 .PHONY: test
-test: helm ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
+test: helm promtool ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
 	@hack/services.sh check
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" IDC_HELM=$(HELM) go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
 	@# The real node: started for the e2e suite unless it already runs, and
