@@ -128,11 +128,15 @@ func validHeaderName(name string) bool {
 		return false
 	}
 	for _, r := range name {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+		if !headerNameChar(r) {
 			return false
 		}
 	}
 	return true
+}
+
+func headerNameChar(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.'
 }
 
 // UsesOutbox reports whether this consumer writes <inbox>_outbox rows and

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -132,5 +134,32 @@ func TestHTTPWriter(t *testing.T) {
 	}
 	if _, err := w.Row(message("m2", `not json`)); err == nil {
 		t.Error("a payload that is not JSON must be refused, as the inline http effect does")
+	}
+}
+
+// The failure rules of the relay: a refusal dead-letters at once, a
+// retryable failure counts, an outage counts only when the target answered
+// another event of the batch, and what was not attempted keeps its place.
+func TestClassifyFailures(t *testing.T) {
+	rejected := fmt.Errorf("%w: 422", ErrRejected)
+	retry := fmt.Errorf("%w: 500", ErrRetryable)
+	down := errors.New("connection refused")
+	cases := []struct {
+		name    string
+		results []error
+		want    string
+	}{
+		{"all ok", []error{nil, nil}, "rejected=[] counted=[] uncounted=[] first=<nil>"},
+		{"target down", []error{down, errNotAttempted, down}, "rejected=[] counted=[] uncounted=[0 2] first=connection refused"},
+		{"down while others answered", []error{nil, down}, "rejected=[] counted=[1] uncounted=[] first=connection refused"},
+		{"retryable counts alone", []error{retry, down}, "rejected=[] counted=[0 1] uncounted=[] first=" + retry.Error()},
+		{"refusal", []error{rejected, nil, errNotAttempted}, "rejected=[0] counted=[] uncounted=[] first=<nil>"},
+	}
+	for _, c := range cases {
+		f := classifyFailures(c.results)
+		got := fmt.Sprintf("rejected=%v counted=%v uncounted=%v first=%v", f.rejected, f.counted, f.uncounted, f.first)
+		if got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
 	}
 }

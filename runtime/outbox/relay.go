@@ -265,60 +265,80 @@ func (r *Relay) publish(ctx context.Context, events []inbox.PendingEvent) []erro
 // (the target answered): a target that is down delays events but never
 // dead-letters them, as with the inline http effect. It returns the first
 // failure that is left to retry.
-func (r *Relay) settleFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error) (error, error) {
+func (r *Relay) settleFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error) (retry, err error) {
+	f := classifyFailures(results)
+	for _, i := range f.rejected {
+		if err := r.deadLetter(ctx, tx, events[i], results[i]); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.noteFailures(ctx, tx, events, results, f.counted, true); err != nil {
+		return nil, err
+	}
+	if err := r.noteFailures(ctx, tx, events, results, f.uncounted, false); err != nil {
+		return nil, err
+	}
+	return f.first, nil
+}
+
+// failures are the indexes of a batch's failed events by what happens to
+// them.
+type failures struct {
+	rejected, counted, uncounted []int
+	first                        error // the first failure left to retry
+}
+
+func classifyFailures(results []error) failures {
 	answered := false
 	for _, res := range results {
 		answered = answered || res == nil || errors.Is(res, ErrRetryable) || errors.Is(res, ErrRejected)
 	}
-	var firstErr error
-	var counted, uncounted []int64
-	reasons := map[int64]error{}
+	var f failures
 	for i, res := range results {
-		e := events[i]
 		switch {
 		case res == nil || errors.Is(res, errNotAttempted):
 			continue
 		case errors.Is(res, ErrRejected):
-			if err := r.deadLetter(ctx, tx, e, res); err != nil {
-				return nil, err
-			}
+			f.rejected = append(f.rejected, i)
 			continue
 		case errors.Is(res, ErrRetryable) || answered:
-			counted = append(counted, e.ID)
+			f.counted = append(f.counted, i)
 		default:
-			uncounted = append(uncounted, e.ID)
+			f.uncounted = append(f.uncounted, i)
 		}
-		reasons[e.ID] = res
-		if firstErr == nil {
-			firstErr = res
+		if f.first == nil {
+			f.first = res
 		}
 	}
-	for _, group := range []struct {
-		ids     []int64
-		counted bool
-	}{{counted, true}, {uncounted, false}} {
-		// One statement per group; the reason recorded is the group's
-		// first, which is what an operator reading last_error needs.
-		if len(group.ids) == 0 {
-			continue
-		}
-		attempts, err := r.Store.NoteOutboxFailure(ctx, tx, group.ids, reasons[group.ids[0]].Error(), group.counted)
-		if err != nil {
-			return nil, err
-		}
-		if !group.counted || r.MaxAttempts <= 0 {
-			continue
-		}
-		for i, e := range events {
-			if n, ok := attempts[e.ID]; ok && n >= r.MaxAttempts {
-				e.Attempts = n
-				if err := r.deadLetter(ctx, tx, e, fmt.Errorf("gave up after %d attempts: %w", n, results[i])); err != nil {
-					return nil, err
-				}
+	return f
+}
+
+// noteFailures records the failure of the events at idx (one statement; the
+// reason recorded is the first's, which is what an operator reading
+// last_error needs) and, for counted failures, dead-letters the events that
+// reached MaxAttempts.
+func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error, idx []int, counted bool) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(idx))
+	for k, i := range idx {
+		ids[k] = events[i].ID
+	}
+	attempts, err := r.Store.NoteOutboxFailure(ctx, tx, ids, results[idx[0]].Error(), counted)
+	if err != nil || !counted || r.MaxAttempts <= 0 {
+		return err
+	}
+	for _, i := range idx {
+		if n := attempts[events[i].ID]; n >= r.MaxAttempts {
+			e := events[i]
+			e.Attempts = n
+			if err := r.deadLetter(ctx, tx, e, fmt.Errorf("gave up after %d attempts: %w", n, results[i])); err != nil {
+				return err
 			}
 		}
 	}
-	return firstErr, nil
+	return nil
 }
 
 func (r *Relay) deadLetter(ctx context.Context, tx pgx.Tx, e inbox.PendingEvent, reason error) error {
