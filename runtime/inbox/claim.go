@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -81,13 +81,19 @@ func (s *Store) claimPartitioned(ctx context.Context, tx pgx.Tx, ids []string, d
 // batches wait on each other instead of deadlocking (ON CONFLICT DO NOTHING
 // still waits for another transaction's uncommitted insert of the same id).
 func dedupeClaims(claims []Claim) ([]string, []time.Time, []int64) {
-	sorted := append([]Claim(nil), claims...)
-	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].MessageID < sorted[j].MessageID })
-	ids := make([]string, 0, len(sorted))
-	days := make([]time.Time, 0, len(sorted))
-	fps := make([]int64, 0, len(sorted))
-	for i, c := range sorted {
-		if i > 0 && c.MessageID == sorted[i-1].MessageID {
+	// Sorting indexes (stable: a repeated id keeps its first claim) moves
+	// ints instead of whole claims.
+	order := make([]int32, len(claims))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortStableFunc(order, func(a, b int32) int { return strings.Compare(claims[a].MessageID, claims[b].MessageID) })
+	ids := make([]string, 0, len(claims))
+	days := make([]time.Time, 0, len(claims))
+	fps := make([]int64, 0, len(claims))
+	for k, i := range order {
+		c := &claims[i]
+		if k > 0 && c.MessageID == claims[order[k-1]].MessageID {
 			continue
 		}
 		ids = append(ids, c.MessageID)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -118,6 +119,25 @@ func armFailpoint(value string, log logr.Logger) error {
 		failpointAfterCommit, failpointBeforeRelay, failpointAfterRelay))
 }
 
+// cpuProfileEnv names a file to write a Go CPU profile to, from start to a
+// graceful stop (a diagnostic: `go tool pprof idc-runtime FILE`).
+const cpuProfileEnv = "IDC_CPU_PROFILE"
+
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cpuProfileEnv, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", cpuProfileEnv, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
+}
+
 // relayAfterPublish and relayBeforePublish are the relay's failpoint hooks
 // (nil unless armed).
 var relayAfterPublish, relayBeforePublish func() error
@@ -127,6 +147,14 @@ var relayAfterPublish, relayBeforePublish func() error
 func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string) error {
 	if err := armFailpoint(os.Getenv(failpointEnv), log); err != nil {
 		return err
+	}
+	if path := os.Getenv(cpuProfileEnv); path != "" {
+		stop, err := startCPUProfile(path)
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		log.Info("Writing a CPU profile until the process stops", "env", cpuProfileEnv, "path", path)
+		defer stop()
 	}
 	pool, err := newPool(cfg)
 	if err != nil {
