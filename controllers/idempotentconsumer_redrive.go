@@ -39,7 +39,7 @@ const (
 
 // redriveReasonClasses are the values the reason annotation accepts (the
 // dead-letter reason classes).
-var redriveReasonClasses = []string{"missing_id", "invalid_id", "invalid_json", "evaluation", "database", "http", "id_conflict"}
+var redriveReasonClasses = inbox.DeadLetterClasses
 
 // RedriveReader reads what a redrive run recorded; PostgresInbox implements
 // it. An InboxClient without it leaves the counts of status.lastRedrive at 0.

@@ -1,10 +1,13 @@
 package consumer
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // deadLettersTotal sums idc_dead_letters_total over every reason (each
@@ -38,5 +41,13 @@ func TestEveryDeadLetterReasonIsExportedFromTheStart(t *testing.T) {
 	}
 	if got := deadLettersTotal(t, m); got != 0 {
 		t.Fatalf("sum = %v, want 0", got)
+	}
+}
+
+// The reason classes the metric knows are the ones redrive accepts.
+func TestDeadLetterReasonsAreTheRedriveClasses(t *testing.T) {
+	got, want := slices.Sorted(slices.Values(DeadLetterReasons)), slices.Sorted(slices.Values(inbox.DeadLetterClasses))
+	if !slices.Equal(got, want) {
+		t.Errorf("idc_dead_letters_total reasons %v, redrive classes %v: they must be the same set", got, want)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // Dead-letter reason classes: the bounded label values of idc_dead_letters_total.
@@ -17,11 +19,16 @@ const (
 	// ReasonIDConflict: a duplicate id with a different payload, under
 	// message.id.onPayloadMismatch: DeadLetter.
 	ReasonIDConflict = "id_conflict"
+	// ReasonOutboxRejected: an outbox event the emit target can never take
+	// (the relay's; the http dispatcher's give-ups are ReasonHTTP).
+	ReasonOutboxRejected = inbox.OutboxRejectedClass
 )
 
 // DeadLetterReasons lists every reason class, so each series exists (at 0)
-// from the start and increase() sees the first dead letter.
-var DeadLetterReasons = []string{ReasonMissingID, ReasonInvalidID, ReasonInvalidJSON, ReasonEvaluation, ReasonDatabase, ReasonHTTP, ReasonIDConflict}
+// from the start and increase() sees the first dead letter. It is also what
+// redrive's --reason and the redrive-reason annotation accept
+// (inbox.DeadLetterClasses, kept equal by a test).
+var DeadLetterReasons = []string{ReasonMissingID, ReasonInvalidID, ReasonInvalidJSON, ReasonEvaluation, ReasonDatabase, ReasonHTTP, ReasonIDConflict, ReasonOutboxRejected}
 
 // Metrics are the consumer's Prometheus metrics (prefix idc_).
 type Metrics struct {

@@ -224,6 +224,11 @@ func OutboxShard(key string) int {
 // target refused for good (too large for the broker).
 const OutboxRejectedClass = "outbox_rejected"
 
+// DeadLetterClasses are the reason_class values of the dead-letter table
+// (the consumer's reason classes and the relay's); redrive's --reason and
+// the redrive-reason annotation accept exactly these.
+var DeadLetterClasses = []string{"missing_id", "invalid_id", "invalid_json", "evaluation", "database", "http", "id_conflict", OutboxRejectedClass}
+
 // OutboxNativeIDPrefix starts the native_id of a dead-lettered outbox
 // event ("outbox:<event id>"): redrive puts such a row back in the outbox
 // instead of through the claim, whose id is already in the inbox.

@@ -59,6 +59,10 @@ type Relay struct {
 	// DeadLetterClass is the reason_class of a dead-lettered event
 	// (default inbox.OutboxRejectedClass).
 	DeadLetterClass string
+	// DeadLettered, when set, is called with the class of every event the
+	// relay moved to the dead letters after its transaction committed (cmd
+	// counts them in idc_dead_letters_total, which the alert watches).
+	DeadLettered func(class string)
 
 	backoffs shardBackoffs
 }
@@ -220,7 +224,8 @@ func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
 	if err := r.Store.MarkOutboxSent(ctx, tx, sent); err != nil {
 		return 0, err
 	}
-	firstErr, err := r.settleFailures(ctx, tx, events, results)
+	var dead []string // the classes of the events dead-lettered in tx
+	firstErr, err := r.settleFailures(ctx, tx, events, results, &dead)
 	if err != nil {
 		return 0, err
 	}
@@ -228,6 +233,12 @@ func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
 		return 0, fmt.Errorf("while committing the relay transaction: %w", err)
 	}
 	r.Metrics.Published.Add(float64(len(sent)))
+	for _, class := range dead {
+		r.Metrics.Rejected.Inc()
+		if r.DeadLettered != nil {
+			r.DeadLettered(class)
+		}
+	}
 	if firstErr != nil {
 		r.Metrics.Failures.Inc()
 		return len(sent), fmt.Errorf("while publishing %d outbox events of shard %d (%d confirmed): %w", len(events), shard, len(sent), firstErr)
@@ -265,17 +276,17 @@ func (r *Relay) publish(ctx context.Context, events []inbox.PendingEvent) []erro
 // (the target answered): a target that is down delays events but never
 // dead-letters them, as with the inline http effect. It returns the first
 // failure that is left to retry.
-func (r *Relay) settleFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error) (retry, err error) {
+func (r *Relay) settleFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error, dead *[]string) (retry, err error) {
 	f := classifyFailures(results)
 	for _, i := range f.rejected {
-		if err := r.deadLetter(ctx, tx, events[i], results[i]); err != nil {
+		if err := r.deadLetter(ctx, tx, events[i], results[i], dead); err != nil {
 			return nil, err
 		}
 	}
-	if err := r.noteFailures(ctx, tx, events, results, f.counted, true); err != nil {
+	if err := r.noteFailures(ctx, tx, events, results, f.counted, true, dead); err != nil {
 		return nil, err
 	}
-	if err := r.noteFailures(ctx, tx, events, results, f.uncounted, false); err != nil {
+	if err := r.noteFailures(ctx, tx, events, results, f.uncounted, false, dead); err != nil {
 		return nil, err
 	}
 	return f.first, nil
@@ -317,7 +328,7 @@ func classifyFailures(results []error) failures {
 // reason recorded is the first's, which is what an operator reading
 // last_error needs) and, for counted failures, dead-letters the events that
 // reached MaxAttempts.
-func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error, idx []int, counted bool) error {
+func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error, idx []int, counted bool, dead *[]string) error {
 	if len(idx) == 0 {
 		return nil
 	}
@@ -333,7 +344,7 @@ func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.Pend
 		if n := attempts[events[i].ID]; n >= r.MaxAttempts {
 			e := events[i]
 			e.Attempts = n
-			if err := r.deadLetter(ctx, tx, e, fmt.Errorf("gave up after %d attempts: %w", n, results[i])); err != nil {
+			if err := r.deadLetter(ctx, tx, e, fmt.Errorf("gave up after %d attempts: %w", n, results[i]), dead); err != nil {
 				return err
 			}
 		}
@@ -341,7 +352,9 @@ func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.Pend
 	return nil
 }
 
-func (r *Relay) deadLetter(ctx context.Context, tx pgx.Tx, e inbox.PendingEvent, reason error) error {
+// deadLetter moves e to the dead letters in tx and appends its class to
+// dead (counted once tx commits).
+func (r *Relay) deadLetter(ctx context.Context, tx pgx.Tx, e inbox.PendingEvent, reason error, dead *[]string) error {
 	class := r.DeadLetterClass
 	if class == "" {
 		class = inbox.OutboxRejectedClass
@@ -350,7 +363,7 @@ func (r *Relay) deadLetter(ctx context.Context, tx pgx.Tx, e inbox.PendingEvent,
 		return err
 	}
 	r.Log.Error(reason, "Outbox event dead-lettered", "eventId", e.EventID, "messageId", e.SourceID, "class", class)
-	r.Metrics.Rejected.Inc()
+	*dead = append(*dead, class)
 	return nil
 }
 

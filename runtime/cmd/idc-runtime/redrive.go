@@ -31,7 +31,7 @@ func (l *stringList) Set(v string) error {
 
 // reasonClasses are the values --reason accepts: the dead-letter reason
 // classes (the idc_dead_letters_total label).
-var reasonClasses = []string{"missing_id", "invalid_id", "invalid_json", "evaluation", "database", "http", "id_conflict", "outbox_rejected"}
+var reasonClasses = inbox.DeadLetterClasses
 
 // redriveFlags are the flags of the redrive command.
 type redriveFlags struct {

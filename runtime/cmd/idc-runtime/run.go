@@ -239,6 +239,9 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	go ops.refresh(ctx, cfg, store, log)
 	if cfg.UsesOutbox() {
 		relay, ok := openRelay(ctx, cfg, log, pool, store, relayMetrics)
+		if ok {
+			relay.DeadLettered = func(class string) { metrics.DeadLetters.WithLabelValues(class).Inc() }
+		}
 		if !ok {
 			return nil
 		}
