@@ -49,7 +49,10 @@ func newHTTP(cfg *config.HTTP) (*httpEffect, error) {
 	// Calls run up to httpConcurrency (inline) or the dispatcher's
 	// concurrency at once: keep that many connections alive, not
 	// net/http's default of 2 per host.
-	transport := &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+	// net/http's defaults otherwise (proxy from the environment, dial and
+	// TLS handshake timeouts, HTTP/2).
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = 64
 	return &httpEffect{url: cfg.URL, method: method, timeout: timeout, client: &http.Client{Transport: transport}}, nil
 }
 
