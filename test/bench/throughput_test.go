@@ -516,26 +516,7 @@ var jetStreamOnce struct {
 // row reads with its own durable consumer.
 func (t *throughputEnv) jetStreamStream(b *testing.B) string {
 	b.Helper()
-	jetStreamOnce.Do(func() {
-		name := fmt.Sprintf("IDC_TPUT_%d", time.Now().UnixNano())
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if _, err := t.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
-			b.Fatalf("creating stream: %v", err)
-		}
-		for _, body := range t.w.bodies {
-			if _, err := t.js.PublishAsync(name+".orders", body); err != nil {
-				b.Fatalf("publishing: %v", err)
-			}
-		}
-		select {
-		case <-t.js.PublishAsyncComplete():
-		case <-ctx.Done():
-			b.Fatal("publishing did not complete")
-		}
-		jetStreamOnce.name = name
-		b.Cleanup(func() { _ = t.js.DeleteStream(context.Background(), name) })
-	})
+	jetStreamOnce.Do(func() { jetStreamOnce.name = t.publishStream(b, "IDC_TPUT", t.w.bodies) })
 	return jetStreamOnce.name
 }
 

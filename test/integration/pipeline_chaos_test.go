@@ -40,10 +40,7 @@ func pipelineChaos(t *testing.T, bin string) {
 	in := newJetStream(t, 2*time.Second)
 	mid := newJetStream(t, 2*time.Second)
 	shortenDuplicateWindow(t, mid) // republished events reach B's inbox
-	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
-		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int)")
+	db := newPipelineDatabase(t)
 	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), mid.subject+".projected", config.EmitAlways)
 	b := stageBConfig(mid.sourceConfig(), a.Sink.DSNEnv)
 	migrateInbox(t, db, a)

@@ -42,10 +42,7 @@ func TestPipelineEmitTargets(t *testing.T) {
 func pipelineInto(t *testing.T, out broker, emit *config.Emit) {
 	const unique = 400
 	in := newJetStream(t, 2*time.Second)
-	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
-		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int, hdr text)")
+	db := newPipelineDatabase(t)
 	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), "unused", config.EmitAlways)
 	emit.Payload, emit.When = a.Emit.Payload, a.Emit.When
 	emit.Headers = map[string]string{"Order-Version": "$.version"}

@@ -36,10 +36,7 @@ func TestPipelineRelayKilledBetweenPublishAndMark(t *testing.T) {
 	in := newJetStream(t, 2*time.Second)
 	mid := newJetStream(t, 2*time.Second)
 	shortenDuplicateWindow(t, mid)
-	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
-		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int)")
+	db := newPipelineDatabase(t)
 	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), mid.subject+".projected", config.EmitAlways)
 	b := stageBConfig(mid.sourceConfig(), a.Sink.DSNEnv)
 	migrateInbox(t, db, a)
@@ -142,6 +139,18 @@ func TestEmitWhenChanged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newPipelineDatabase is a database with the two stages' tables: stage A's
+// orders projection and stage B's append-only projected events (no unique
+// key, so an event applied twice is a second row; hdr holds a header).
+func newPipelineDatabase(t *testing.T) *database {
+	t.Helper()
+	db := newDatabase(t)
+	db.exec(t, "CREATE SCHEMA app",
+		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
+		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int, hdr text)")
+	return db
 }
 
 // keyedEvents are n orders over keys entities, each key's versions rising.
@@ -284,10 +293,7 @@ func relayFailpoint(t *testing.T, bin string) {
 	in := newJetStream(t, 2*time.Second)
 	mid := newJetStream(t, 2*time.Second)
 	shortenDuplicateWindow(t, mid)
-	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
-		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int)")
+	db := newPipelineDatabase(t)
 	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), mid.subject+".projected", config.EmitAlways)
 	b := stageBConfig(mid.sourceConfig(), a.Sink.DSNEnv)
 	migrateInbox(t, db, b)
