@@ -264,12 +264,13 @@ type Delivery struct {
 	Replicas int `json:"replicas,omitempty"`
 }
 
-// Limit sizing. A replica holds at most about this many batches fetched and
-// not yet acknowledged: the ones its lanes commit, one queued per lane, and
-// the next one being fetched. A broker limit below MinUnacked cannot fill
-// the declared replicas' batches; one the runtime creates gets
-// limitHeadroom times that.
-const limitHeadroom = 2
+// Limit sizing. A replica holds at most about this many fetches (of
+// batchSize x inFlight each) delivered and not yet acknowledged: the one its
+// lanes commit, one queued (a batch per lane), the one being handed to the
+// lanes, and the one the JetStream adapter has requested ahead. A broker
+// limit below MinUnacked cannot fill the declared replicas' batches; one the
+// runtime creates gets limitHeadroom times that.
+const limitHeadroom = 4
 
 // MinUnacked is the smallest broker-side limit on unacknowledged messages
 // that lets every declared replica fill its in-flight batches:
@@ -279,8 +280,8 @@ func (d Delivery) MinUnacked(replicas int) int {
 }
 
 // SizedUnacked is the limit the runtime gives a broker-side consumer it
-// creates: MinUnacked with headroom, so the next batch is fetched while the
-// current ones commit.
+// creates: MinUnacked with headroom, so the next batches are fetched while
+// the current ones commit.
 func (d Delivery) SizedUnacked(replicas int) int {
 	return limitHeadroom * d.MinUnacked(replicas)
 }

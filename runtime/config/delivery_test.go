@@ -34,8 +34,8 @@ func TestDeliveryLimitSizing(t *testing.T) {
 	if got := d.MinUnacked(4); got != 4000 {
 		t.Errorf("MinUnacked(4) = %d, want 4 x 500 x 2 = 4000", got)
 	}
-	if got := d.SizedUnacked(4); got != 8000 {
-		t.Errorf("SizedUnacked(4) = %d, want 2 x 4000", got)
+	if got := d.SizedUnacked(4); got != 16000 {
+		t.Errorf("SizedUnacked(4) = %d, want 4 x 4000", got)
 	}
 	if got := d.MinUnacked(0); got != 1000 {
 		t.Errorf("MinUnacked(0) = %d, want one replica's 1000", got)
@@ -44,7 +44,7 @@ func TestDeliveryLimitSizing(t *testing.T) {
 
 func TestRabbitMQPrefetchDefaultCoversInFlight(t *testing.T) {
 	for _, tc := range []struct{ batch, inFlight, want int }{
-		{500, 2, 2000},
+		{500, 2, 4000},
 		{10000, 8, 65535}, // capped at AMQP's 16-bit limit
 	} {
 		s := Source{RabbitMQ: &RabbitMQ{URIEnv: "U", Queue: "q"}}

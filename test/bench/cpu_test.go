@@ -85,6 +85,10 @@ func selfCPU() time.Duration {
 type cpuUse struct {
 	wall                          time.Duration
 	nats, postgres, runtime, self time.Duration
+	// commits and commitSeconds are the replicas' transactions and
+	// their time in COMMIT (idc_commit_duration_seconds); 0 in-process.
+	commits       int
+	commitSeconds float64
 }
 
 func cpuSince(before cpuSnapshot, replicas ...int) *cpuUse {
@@ -95,9 +99,13 @@ func cpuSince(before cpuSnapshot, replicas ...int) *cpuUse {
 
 func (c cpuUse) String() string {
 	total := c.nats + c.postgres + c.runtime + c.self
-	return fmt.Sprintf("wall=%.2fs nats=%.2fs postgres=%.2fs idc_runtime=%.2fs bench_process=%.2fs total=%.2fs cores_busy=%.2f of %d",
+	s := fmt.Sprintf("wall=%.2fs nats=%.2fs postgres=%.2fs idc_runtime=%.2fs bench_process=%.2fs total=%.2fs cores_busy=%.2f of %d",
 		c.wall.Seconds(), c.nats.Seconds(), c.postgres.Seconds(), c.runtime.Seconds(), c.self.Seconds(), total.Seconds(),
 		total.Seconds()/c.wall.Seconds(), runtime.NumCPU())
+	if c.commits > 0 {
+		s += fmt.Sprintf(" commits=%d mean_commit_ms=%.2f", c.commits, 1000*c.commitSeconds/float64(c.commits))
+	}
+	return s
 }
 
 func (rs *replicaSet) pids() []int {

@@ -43,12 +43,15 @@ func (f *fixture) maxAckPending(t *testing.T, consumer string) int {
 
 // A consumer the runtime creates holds every replica's in-flight batches:
 // four replicas each take two full batches of 500 and acknowledge nothing
-// (8 x 500 = 4,000 unacknowledged). With the server's default MaxAckPending
-// of 1,000 the third batch would come back empty.
+// (8 x 500 = 4,000 unacknowledged, plus the batch each has requested
+// ahead). With the server's default MaxAckPending of 1,000 the third batch
+// would come back empty.
 func TestCreatedConsumerFillsDeclaredReplicas(t *testing.T) {
 	f := newFixture(t)
 	total := fourReplicas.MinUnacked(fourReplicas.Replicas)
-	f.publishN(t, total)
+	// More than the replicas take, so no fetch comes back short because the
+	// stream ran out (the requests ahead take their share too).
+	f.publishN(t, 2*total)
 	srcs := make([]*Source, fourReplicas.Replicas)
 	for i := range srcs {
 		s, err := New(t.Context(), f.cfg("sized"), testr.New(t), WithDelivery(fourReplicas), WithClientName(fmt.Sprintf("replica-%d", i)))
@@ -58,8 +61,8 @@ func TestCreatedConsumerFillsDeclaredReplicas(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		srcs[i] = s
 	}
-	if got, want := f.maxAckPending(t, "sized"), 2*total; got != want {
-		t.Errorf("MaxAckPending = %d, want 2 x 4 replicas x 500 x 2 in flight = %d", got, want)
+	if got, want := f.maxAckPending(t, "sized"), 4*total; got != want {
+		t.Errorf("MaxAckPending = %d, want 4 x 4 replicas x 500 x 2 in flight = %d", got, want)
 	}
 	for round := range fourReplicas.InFlight {
 		for i, s := range srcs {
@@ -120,6 +123,61 @@ func TestAckPendingTooSmall(t *testing.T) {
 	}{{100, 4000, true}, {1000, 1000, false}, {-1, 4000, false}, {0, 4000, false}, {8000, 4000, false}} {
 		if got := AckPendingTooSmall(tc.limit, tc.needed); got != tc.want {
 			t.Errorf("AckPendingTooSmall(%d, %d) = %v, want %v", tc.limit, tc.needed, got, tc.want)
+		}
+	}
+}
+
+// A Fetch that returned messages has already requested the next batch: it
+// is delivered (pending acknowledgement) before the caller fetches again, and
+// the next Fetch returns it. Every message comes once, in stream order.
+func TestFetchRequestsTheNextBatchAhead(t *testing.T) {
+	f := newFixture(t)
+	f.publishN(t, 25)
+	s, err := New(t.Context(), f.cfg("ahead"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	var seqs []string
+	fetch := func(want int) {
+		t.Helper()
+		msgs, err := s.Fetch(t.Context(), 10, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) != want {
+			t.Fatalf("fetched %d messages, want %d", len(msgs), want)
+		}
+		for _, m := range msgs {
+			seqs = append(seqs, m.NativeID)
+		}
+	}
+	fetch(10)
+	// The server has delivered the batch ahead: 20 pending, none acked.
+	c, err := f.js.Consumer(t.Context(), f.stream, "ahead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		info, err := c.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after one Fetch of 10: %d messages pending acknowledgement, want 20 (the batch requested ahead)", info.NumAckPending)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fetch(10)
+	fetch(5)
+	fetch(0) // caught up: waits maxWait, requests nothing ahead
+	for i, id := range seqs {
+		if want := fmt.Sprintf("%s:%d", f.stream, i+1); id != want {
+			t.Fatalf("message %d is %s, want %s (every message once, in order): %v", i, id, want, seqs)
 		}
 	}
 }
