@@ -40,6 +40,16 @@ func newRowBuilder(cols map[string]string) (rowBuilder, error) {
 // stays valid when the buffer grows (it keeps the old backing array).
 type arena struct{ buf []byte }
 
+// newArena sizes the buffer for rows about as large as the payloads they
+// come from, so it does not grow (and copy) by doubling through a batch.
+func newArena(recs []*Record) arena {
+	n := 0
+	for _, m := range recs {
+		n += len(m.Body) + 2
+	}
+	return arena{buf: make([]byte, 0, n)}
+}
+
 // row appends one record as a JSON object and returns it.
 func (a *arena) row(b rowBuilder, m *Record) ([]byte, error) {
 	start := len(a.buf)
@@ -109,7 +119,7 @@ func (a *appendEffect) Transactional() bool { return true }
 func (a *appendEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Result, error) {
 	var res Result
 	rows := make([][]byte, 0, len(recs))
-	var buf arena
+	buf := newArena(recs)
 	for i, m := range recs {
 		r, err := buf.row(a.rows, m)
 		if err != nil {
@@ -243,7 +253,7 @@ func (u *upsertEffect) Apply(ctx context.Context, tx pgx.Tx, recs []*Record) (Re
 	winners := make(map[string]candidate, len(recs))
 	order := make([]string, 0, len(recs)) // keys, sorted below
 	valid := 0
-	var buf arena
+	buf := newArena(recs)
 	for i, m := range recs {
 		key, c, err := u.evaluate(&buf, m)
 		c.index = i
