@@ -110,7 +110,7 @@ type RabbitMQSource struct {
 	// +required
 	Queue string `json:"queue"`
 	// prefetch is the channel QoS (per replica). Defaults to
-	// 2 x delivery.batchSize x delivery.inFlight (at most 65535); a smaller
+	// 4 x delivery.batchSize x delivery.inFlight (at most 65535); a smaller
 	// value than batchSize x inFlight is reported in the BrokerLimits
 	// condition.
 	// +kubebuilder:validation:Minimum=1

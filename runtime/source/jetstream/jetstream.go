@@ -366,12 +366,48 @@ func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 	return errors.Join(errs...)
 }
 
-// Close closes the connection; unacknowledged messages are redelivered by
-// the server after the consumer's AckWait.
+// Close gives back the batch requested ahead, flushes and closes the
+// connection. Other unacknowledged messages (fetched, not committed) are
+// redelivered by the server after the consumer's AckWait.
 func (s *Source) Close() error {
+	s.giveBackAhead()
 	if err := s.nc.FlushTimeout(flushTimeout); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		s.log.Error(err, "flushing before close failed")
 	}
 	s.nc.Close()
 	return nil
 }
+
+// giveBackAhead NAKs the messages of the batch requested ahead (nobody asked
+// for them yet), so the server redelivers them at once to another replica
+// instead of after AckWait: a rolling restart does not hold a batch per pod
+// for 30 s. It waits at most aheadGiveBack for the batch to arrive.
+func (s *Source) giveBackAhead() {
+	if s.ahead == nil {
+		return
+	}
+	batch := s.ahead
+	s.ahead = nil
+	deadline := time.NewTimer(aheadGiveBack)
+	defer deadline.Stop()
+	naked := 0
+	for {
+		select {
+		case m, ok := <-batch.Messages():
+			if !ok {
+				if naked > 0 {
+					s.log.Info("gave back the batch requested ahead", "messages", naked)
+				}
+				return
+			}
+			if err := m.Nak(); err == nil {
+				naked++
+			}
+		case <-deadline.C:
+			return // the rest is redelivered after AckWait
+		}
+	}
+}
+
+// aheadGiveBack bounds how long Close waits for the batch requested ahead.
+const aheadGiveBack = time.Second

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
 // fourReplicas is the declared scale of the limit tests: 4 replicas x 500 x
@@ -179,5 +180,47 @@ func TestFetchRequestsTheNextBatchAhead(t *testing.T) {
 		if want := fmt.Sprintf("%s:%d", f.stream, i+1); id != want {
 			t.Fatalf("message %d is %s, want %s (every message once, in order): %v", i, id, want, seqs)
 		}
+	}
+}
+
+// Close gives back the batch requested ahead: another replica gets it at
+// once, not after the consumer's AckWait (30 s).
+func TestCloseGivesBackTheBatchAhead(t *testing.T) {
+	f := newFixture(t)
+	f.publishN(t, 20)
+	d := config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}
+	a, err := New(t.Context(), f.cfg("handoff"), testr.New(t), WithDelivery(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := a.Fetch(t.Context(), 10, time.Second)
+	if err != nil || len(first) != 10 {
+		t.Fatalf("first fetch: %d messages, %v", len(first), err)
+	}
+	if err := a.Ack(t.Context(), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(t.Context(), f.cfg("handoff"), testr.New(t), WithDelivery(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	start := time.Now()
+	var got []source.Message
+	for len(got) < 10 && time.Since(start) < 5*time.Second {
+		msgs, err := b.Fetch(t.Context(), 10, 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, msgs...)
+	}
+	if len(got) != 10 {
+		t.Fatalf("the next replica got %d of the 10 messages the closed one had requested ahead within %s", len(got), time.Since(start).Round(time.Millisecond))
+	}
+	if got[0].NativeID != f.stream+":11" || got[0].Attempt != 2 {
+		t.Errorf("first message %s attempt %d, want %s:11 redelivered (attempt 2)", got[0].NativeID, got[0].Attempt, f.stream)
 	}
 }
