@@ -79,7 +79,7 @@ func fixtureScenarios() []fixtureScenario {
 			o.prune = failed(messagingv1alpha1.ReasonPruneSuspended, "the prune CronJob is suspended: spec.retention.prune.suspend is true")
 		})},
 		{name: "ready-broker-limit-too-small", obs: ready(func(o *observation) {
-			o.brokerLimits = failed(messagingv1alpha1.ReasonBrokerLimitTooSmall, "JetStream consumer orders-projector on stream ORDERS has MaxAckPending=100, below replicas (2) x batchSize (500) x inFlight (2) = 2000, so replicas wait for acknowledgements instead of fetching; raise it (nats consumer edit ORDERS orders-projector --max-pending 4000) or delete the consumer so the runtime creates one sized for the declared scale")
+			o.brokerLimits = failed(messagingv1alpha1.ReasonBrokerLimitTooSmall, "JetStream consumer orders-projector on stream ORDERS has MaxAckPending=100, below replicas (2) x batchSize (500) x inFlight (2) = 2000, so replicas wait for acknowledgements instead of fetching; raise it (nats consumer edit ORDERS orders-projector --max-pending 8000) or delete the consumer so the runtime creates one sized for the declared scale")
 		})},
 		{name: "suspended", suspend: true, obs: ready(func(o *observation) {
 			o.runtime = ok(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")

@@ -253,9 +253,10 @@ func checkExisting(info *jetstream.ConsumerInfo, cfg *config.JetStream, log logr
 // next batch travels while the caller commits this one: a fetch's round
 // trip and the server's work on it are off the loop's path. The batch
 // ahead is at most one more batch delivered and not yet acknowledged; the
-// runtime sizes MaxAckPending for it (config.Delivery.SizedUnacked). When
-// the consumer stops, its messages are redelivered after AckWait, as any
-// fetched and unacknowledged message is.
+// runtime sizes MaxAckPending for it (config.Delivery.SizedUnacked). Close
+// gives it back (NAK). While the loop holds on a misconfigured sink it sits
+// delivered: past AckWait the server redelivers its messages, and the inbox
+// settles whichever copy commits second as a duplicate.
 func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
