@@ -264,12 +264,13 @@ type Delivery struct {
 	Replicas int `json:"replicas,omitempty"`
 }
 
-// Limit sizing. A replica holds at most about this many fetches (of
-// batchSize x inFlight each) delivered and not yet acknowledged: the one its
-// lanes commit, one queued (a batch per lane), the one being handed to the
-// lanes, and the one the JetStream adapter has requested ahead. A broker
-// limit below MinUnacked cannot fill the declared replicas' batches; one the
-// runtime creates gets limitHeadroom times that.
+// Limit sizing. A JetStream replica holds at most about this many fetches
+// (of batchSize x inFlight each) delivered and not yet acknowledged: the one
+// its lanes commit, one queued (a batch per lane), the one being handed to
+// the lanes, and the one the adapter has requested ahead. A RabbitMQ
+// replica's prefetch holds the same (its buffer stands in for the request
+// ahead). A broker limit below MinUnacked cannot fill the declared
+// replicas' batches; one the runtime creates gets limitHeadroom times that.
 const limitHeadroom = 4
 
 // MinUnacked is the smallest broker-side limit on unacknowledged messages

@@ -41,14 +41,19 @@ func newRowBuilder(cols map[string]string) (rowBuilder, error) {
 type arena struct{ buf []byte }
 
 // newArena sizes the buffer for rows about as large as the payloads they
-// come from, so it does not grow (and copy) by doubling through a batch.
+// come from, so it does not grow (and copy) by doubling through a batch. The
+// estimate stops at arenaEstimateMax: columns picked from large payloads
+// would otherwise reserve far more than the rows take.
 func newArena(recs []*Record) arena {
 	n := 0
 	for _, m := range recs {
 		n += len(m.Body) + 2
 	}
-	return arena{buf: make([]byte, 0, n)}
+	return arena{buf: make([]byte, 0, min(n, arenaEstimateMax))}
 }
+
+// arenaEstimateMax caps newArena's estimate; a larger batch grows past it.
+const arenaEstimateMax = 1 << 20
 
 // row appends one record as a JSON object and returns it.
 func (a *arena) row(b rowBuilder, m *Record) ([]byte, error) {

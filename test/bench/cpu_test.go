@@ -86,7 +86,8 @@ type cpuUse struct {
 	wall                          time.Duration
 	nats, postgres, runtime, self time.Duration
 	// commits and commitSeconds are the replicas' transactions and
-	// their time in COMMIT (idc_commit_duration_seconds); 0 in-process.
+	// their time in COMMIT over the whole row, first round included
+	// (idc_commit_duration_seconds); 0 in-process.
 	commits       int
 	commitSeconds float64
 }

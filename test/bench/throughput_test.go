@@ -478,6 +478,17 @@ func (rs *replicaSet) settled() int {
 	return total
 }
 
+// commits sums the replicas' transactions and their time in COMMIT so far
+// (idc_commit_duration_seconds).
+func (rs *replicaSet) commits() (int, float64) {
+	n, secs := 0, 0.0
+	for _, u := range rs.metrics {
+		n += scrapeCounter(u, "idc_commit_duration_seconds_count")
+		secs += scrapeFloat(u, "idc_commit_duration_seconds_sum")
+	}
+	return n, secs
+}
+
 // peakRSSMiB is the largest VmHWM (peak resident set) among the replicas.
 func (rs *replicaSet) peakRSSMiB() float64 {
 	peak := 0.0
@@ -523,10 +534,9 @@ func (rs *replicaSet) measure(b *testing.B, name string, total int) (int, time.D
 		}
 		if n >= total {
 			rs.cpu = cpuSince(cpuStart, rs.pids()...)
-			for _, u := range rs.metrics {
-				rs.cpu.commits += scrapeCounter(u, "idc_commit_duration_seconds_count")
-				rs.cpu.commitSeconds += scrapeFloat(u, "idc_commit_duration_seconds_sum")
-			}
+			// Over the whole row: scraping at the first poll would cost
+			// the timed window a scrape per replica.
+			rs.cpu.commits, rs.cpu.commitSeconds = rs.commits()
 			rss := rs.peakRSSMiB()
 			rs.stop()
 			if n == before {
@@ -559,7 +569,7 @@ func (t *throughputEnv) runJetStream(b *testing.B, replicas, batch int) row {
 		env = append(env, "IDC_CPU_PROFILE="+filepath.Join(dir, fmt.Sprintf("%s-r%d-b%d-{replica}.pprof", schema, replicas, batch)))
 	}
 	rs := t.startReplicas(b, cfg, replicas, env...)
-	rs.acked = t.jetStreamAcked(stream, "c_"+schema)
+	rs.acked = t.jetStreamAcked(stream, "c_"+schema, len(t.w.bodies))
 	timed, elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
 	t.checkResult(b, schema)
 	if err := t.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
@@ -569,11 +579,11 @@ func (t *throughputEnv) runJetStream(b *testing.B, replicas, batch int) row {
 }
 
 // jetStreamAcked counts the messages the durable consumer has had
-// acknowledged (delivered minus pending acknowledgement), read from NATS:
+// acknowledged (of the stream's total), read from NATS:
 // one request per poll whatever the replica count. Scraping every replica's
 // /metrics every 25 ms instead cost the replicas CPU in proportion to their
 // number (measured: see README), which the scale-out rows then paid for.
-func (t *throughputEnv) jetStreamAcked(stream, durable string) func() int {
+func (t *throughputEnv) jetStreamAcked(stream, durable string, total int) func() int {
 	return func() int {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -581,8 +591,11 @@ func (t *throughputEnv) jetStreamAcked(stream, durable string) func() int {
 		if err != nil {
 			return 0 // not created yet by the replicas
 		}
+		// Every stream message is pending delivery, pending ack, or acked;
+		// redeliveries count once (Delivered.Consumer would count them
+		// again).
 		info := c.CachedInfo()
-		return int(info.Delivered.Consumer) - info.NumAckPending
+		return total - int(info.NumPending) - info.NumAckPending
 	}
 }
 

@@ -27,8 +27,10 @@ type Source struct {
 	nc       *nats.Conn
 	consumer jetstream.Consumer
 	// ahead is the pull request sent for the next Fetch (nil when none is
-	// out); only Fetch, called by one goroutine at a time, touches it.
-	ahead jetstream.MessageBatch
+	// out) and aheadN its size. Fetch (one goroutine at a time) and Close
+	// (after the last Fetch returned) touch them.
+	ahead  jetstream.MessageBatch
+	aheadN int
 }
 
 var _ source.Source = (*Source)(nil)
@@ -47,7 +49,7 @@ type options struct {
 }
 
 // WithDelivery sizes a consumer the runtime creates (and grows one it
-// created earlier) to MaxAckPending = 2 x replicas x batchSize x inFlight,
+// created earlier) to MaxAckPending = 4 x replicas x batchSize x inFlight,
 // and reports an existing consumer whose limits cannot fill the declared
 // replicas' batches.
 func WithDelivery(d config.Delivery) Option {
@@ -264,6 +266,9 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	if maxN <= 0 {
 		return nil, nil
 	}
+	if s.ahead != nil && s.aheadN > maxN {
+		s.giveBackAhead() // asked for more than this call may return
+	}
 	batch := s.ahead
 	s.ahead = nil
 	if batch == nil {
@@ -284,6 +289,7 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 		// An error here is not this fetch's: the next Fetch sends its own
 		// request and reports it.
 		s.ahead, _ = s.consumer.FetchNoWait(maxN)
+		s.aheadN = maxN
 	}
 	return msgs, err
 }
@@ -350,10 +356,18 @@ func convert(m jetstream.Msg) (source.Message, error) {
 // writes as soon as the caller returns), and Close flushes what is still
 // buffered. An acknowledgement lost with the connection means a
 // redelivery, which the inbox dedupes, as with an acknowledgement the
-// server received and lost. A flush per batch (a PING/PONG round trip) kept
-// each lane waiting about 0.6 ms per transaction for no stronger guarantee.
+// server received and lost. A flush per batch (a PING/PONG round trip, which
+// only told that the server had read the acks: JetStream confirms no plain
+// ack) kept each lane waiting about 0.6 ms per transaction. Acks made while
+// the connection is down are buffered by nats.go and reported as an error
+// (idc_ack_errors_total), as the failed flush reported them.
 func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 	var errs []error
+	if len(msgs) > 0 && !s.nc.IsConnected() {
+		// Buffered until the connection is back, and sent then; the broker
+		// may redeliver meanwhile. Said so, as a failed flush used to.
+		errs = append(errs, fmt.Errorf("NATS is not connected (%s): %d acknowledgements are buffered until it reconnects", s.nc.Status(), len(msgs)))
+	}
 	for _, m := range msgs {
 		jm, ok := m.Ref.(jetstream.Msg)
 		if !ok {
@@ -381,8 +395,10 @@ func (s *Source) Close() error {
 
 // giveBackAhead NAKs the messages of the batch requested ahead (nobody asked
 // for them yet), so the server redelivers them at once to another replica
-// instead of after AckWait: a rolling restart does not hold a batch per pod
-// for 30 s. It waits at most aheadGiveBack for the batch to arrive.
+// instead of after AckWait (30 s by default). A given-back message counts
+// one delivery, as its redelivery after AckWait would. Batches fetched and
+// not started when the loop stops still wait for AckWait. It waits at most
+// aheadGiveBack for the batch to arrive.
 func (s *Source) giveBackAhead() {
 	if s.ahead == nil {
 		return

@@ -81,17 +81,18 @@ type options struct {
 }
 
 // assumedRecordBytes sizes fetches from a record count: a fetch response
-// of SizedUnacked records of about this size. A larger record is still
+// of twice MinUnacked records of about this size. A larger record is still
 // returned (Kafka always returns at least the first record of a partition).
 const assumedRecordBytes = 2048
 
 // WithDelivery sizes fetch responses to what one replica holds in flight
-// (2 x batchSize x inFlight records of about 2 KiB, 1-50 MiB) instead of
-// franz-go's 50 MiB, so memory follows the batch size; polls already take
-// batchSize records.
+// (2 x batchSize x inFlight records of about 2 KiB, 1-50 MiB: the batches
+// its lanes commit and the ones queued; franz-go fetches in the background,
+// so there is no request ahead to add) instead of franz-go's 50 MiB, so
+// memory follows the batch size; polls already take batchSize records.
 func WithDelivery(d config.Delivery) Option {
 	return func(o *options) {
-		o.fetchBytes = int32(min(max(d.SizedUnacked(1)*assumedRecordBytes, 1<<20), 50<<20))
+		o.fetchBytes = int32(min(max(2*d.MinUnacked(1)*assumedRecordBytes, 1<<20), 50<<20))
 	}
 }
 

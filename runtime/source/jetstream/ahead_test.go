@@ -1,0 +1,221 @@
+package jetstream
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/source"
+)
+
+// A user's consumer whose MaxAckPending the replica fills: the request sent
+// ahead is held by the server, and nats.go gives up on it after a second.
+// Nothing may be stranded on the abandoned request (it would come back only
+// after AckWait, 30 s): once acks free room, the next Fetch gets the very
+// next messages at once.
+func TestAheadHeldAtMaxAckPendingStrandsNothing(t *testing.T) {
+	f := newFixture(t)
+	f.publishN(t, 60)
+	if _, err := f.js.CreateConsumer(t.Context(), f.stream, jetstream.ConsumerConfig{
+		Durable: "tight", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 20,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(t.Context(), f.cfg("tight"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	a, errA := s.Fetch(t.Context(), 10, 200*time.Millisecond)
+	b, errB := s.Fetch(t.Context(), 10, 200*time.Millisecond) // the batch ahead; the next request is held at 20 pending
+	if errA != nil || errB != nil || len(a) != 10 || len(b) != 10 {
+		t.Fatalf("first fetches: %d (%v), %d (%v); want 10 and 10", len(a), errA, len(b), errB)
+	}
+	time.Sleep(1500 * time.Millisecond) // past nats.go's one second on the held request
+	for _, batch := range [][]source.Message{a, b} {
+		if err := s.Ack(t.Context(), batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	for time.Since(start) < 5*time.Second {
+		msgs, err := s.Fetch(t.Context(), 10, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) == 0 {
+			continue
+		}
+		if want := fmt.Sprintf("%s:21", f.stream); msgs[0].NativeID != want || msgs[0].Attempt != 1 {
+			t.Fatalf("next message %s (attempt %d), want %s first delivered: the held request stranded messages", msgs[0].NativeID, msgs[0].Attempt, want)
+		}
+		return
+	}
+	t.Fatalf("no message within 5 s after acks freed room at MaxAckPending")
+}
+
+// cutProxy forwards TCP to NATS until cut: then it closes every connection
+// and refuses new ones until resumed.
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	cut   bool
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	t.Cleanup(func() { _ = ln.Close(); p.setCut(true) })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.cut {
+				p.mu.Unlock()
+				_ = c.Close()
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				p.mu.Unlock()
+				_ = c.Close()
+				continue
+			}
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// Acks made while NATS is unreachable are reported (the loop counts them in
+// idc_ack_errors_total), and sent once the connection is back: the
+// consumer then has nothing pending.
+func TestAckWhileDisconnectedIsReportedAndSentOnReconnect(t *testing.T) {
+	f := newFixture(t)
+	f.publishN(t, 10)
+	p := newCutProxy(t, strings.TrimPrefix(natsURL, "nats://"))
+	cfg := f.cfg("cut")
+	cfg.URL = "nats://" + p.ln.Addr().String()
+	s, err := New(t.Context(), cfg, testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}), WithReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	msgs, err := s.Fetch(t.Context(), 10, time.Second)
+	if err != nil || len(msgs) != 10 {
+		t.Fatalf("fetch: %d messages, %v", len(msgs), err)
+	}
+	p.setCut(true)
+	deadline := time.Now().Add(5 * time.Second)
+	for s.nc.IsConnected() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	err = s.Ack(t.Context(), msgs)
+	if err == nil || !strings.Contains(err.Error(), "not connected") {
+		t.Fatalf("Ack while disconnected returned %v, want an error saying NATS is not connected", err)
+	}
+	p.setCut(false)
+	c, err := f.js.Consumer(t.Context(), f.stream, "cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending == 0 && info.AckFloor.Stream == 10 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after reconnecting: %d pending acknowledgement, ack floor %d; want the buffered acks sent (0, 10)", info.NumAckPending, info.AckFloor.Stream)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A Fetch asking for fewer messages than the batch requested ahead returns
+// at most what it asked for; the batch ahead is given back, not lost.
+func TestFetchSmallerThanTheBatchAheadKeepsItsLimit(t *testing.T) {
+	f := newFixture(t)
+	f.publishN(t, 30)
+	s, err := New(t.Context(), f.cfg("smaller"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	seen := map[string]bool{}
+	for _, n := range []int{10, 5, 10, 10} {
+		deadline := time.Now().Add(5 * time.Second)
+		var msgs []source.Message
+		for len(msgs) == 0 && time.Now().Before(deadline) {
+			if msgs, err = s.Fetch(t.Context(), n, 200*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(msgs) == 0 || len(msgs) > n {
+			t.Fatalf("Fetch(%d) returned %d messages", n, len(msgs))
+		}
+		for _, m := range msgs {
+			seen[m.NativeID] = true
+		}
+		if err := s.Ack(t.Context(), msgs); err != nil {
+			t.Fatal(err)
+		}
+		if len(seen) == 30 {
+			break
+		}
+	}
+	if len(seen) < 30 {
+		// The rest: whatever the given-back batch held comes again at once.
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) && len(seen) < 30 {
+			msgs, err := s.Fetch(t.Context(), 10, 200*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range msgs {
+				seen[m.NativeID] = true
+			}
+			_ = s.Ack(t.Context(), msgs)
+			if len(msgs) == 0 {
+				break
+			}
+		}
+	}
+	if len(seen) != 30 {
+		t.Fatalf("%d of 30 messages fetched: a given-back batch was lost", len(seen))
+	}
+}
