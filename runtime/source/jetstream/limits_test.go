@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
-	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
 // fourReplicas is the declared scale of the limit tests: 4 replicas x 500 x
@@ -125,102 +124,5 @@ func TestAckPendingTooSmall(t *testing.T) {
 		if got := AckPendingTooSmall(tc.limit, tc.needed); got != tc.want {
 			t.Errorf("AckPendingTooSmall(%d, %d) = %v, want %v", tc.limit, tc.needed, got, tc.want)
 		}
-	}
-}
-
-// A Fetch that returned messages has already requested the next batch: it
-// is delivered (pending acknowledgement) before the caller fetches again, and
-// the next Fetch returns it. Every message comes once, in stream order.
-func TestFetchRequestsTheNextBatchAhead(t *testing.T) {
-	f := newFixture(t)
-	f.publishN(t, 25)
-	s, err := New(t.Context(), f.cfg("ahead"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	var seqs []string
-	fetch := func(want int) {
-		t.Helper()
-		msgs, err := s.Fetch(t.Context(), 10, 200*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(msgs) != want {
-			t.Fatalf("fetched %d messages, want %d", len(msgs), want)
-		}
-		for _, m := range msgs {
-			seqs = append(seqs, m.NativeID)
-		}
-	}
-	fetch(10)
-	// The server has delivered the batch ahead: 20 pending, none acked.
-	c, err := f.js.Consumer(t.Context(), f.stream, "ahead")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		info, err := c.Info(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.NumAckPending == 20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after one Fetch of 10: %d messages pending acknowledgement, want 20 (the batch requested ahead)", info.NumAckPending)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	fetch(10)
-	fetch(5)
-	fetch(0) // caught up: waits maxWait, requests nothing ahead
-	for i, id := range seqs {
-		if want := fmt.Sprintf("%s:%d", f.stream, i+1); id != want {
-			t.Fatalf("message %d is %s, want %s (every message once, in order): %v", i, id, want, seqs)
-		}
-	}
-}
-
-// Close gives back the batch requested ahead: another replica gets it at
-// once, not after the consumer's AckWait (30 s).
-func TestCloseGivesBackTheBatchAhead(t *testing.T) {
-	f := newFixture(t)
-	f.publishN(t, 20)
-	d := config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}
-	a, err := New(t.Context(), f.cfg("handoff"), testr.New(t), WithDelivery(d))
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := a.Fetch(t.Context(), 10, time.Second)
-	if err != nil || len(first) != 10 {
-		t.Fatalf("first fetch: %d messages, %v", len(first), err)
-	}
-	if err := a.Ack(t.Context(), first); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(t.Context(), f.cfg("handoff"), testr.New(t), WithDelivery(d))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	start := time.Now()
-	var got []source.Message
-	for len(got) < 10 && time.Since(start) < 5*time.Second {
-		msgs, err := b.Fetch(t.Context(), 10, 500*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, msgs...)
-	}
-	if len(got) != 10 {
-		t.Fatalf("the next replica got %d of the 10 messages the closed one had requested ahead within %s", len(got), time.Since(start).Round(time.Millisecond))
-	}
-	if got[0].NativeID != f.stream+":11" || got[0].Attempt != 2 {
-		t.Errorf("first message %s attempt %d, want %s:11 redelivered (attempt 2)", got[0].NativeID, got[0].Attempt, f.stream)
 	}
 }
