@@ -48,8 +48,14 @@ func (o *outcome) add(p outcome) {
 // process settles one lane's batch and acknowledges it. It returns
 // errStopped when stop ended while the batch could not be committed
 // (nothing acked).
+//
+// The batch counts as unacknowledged in this replica's progress record from
+// before its transaction begins until its ack: a stop that may have left
+// part of it committed (bisection, an unknown COMMIT outcome) keeps it
+// counted, so the replica's last record holds pruning back from it.
 func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	out := outcome{duplicates: lb.dups}
+	token := c.progress.begin()
 	var err error
 	if c.effect.Transactional() {
 		err = c.settle(work, stop, lb.recs, lb.dls, c.effect, &out)
@@ -59,6 +65,7 @@ func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	if err != nil {
 		return err
 	}
+	c.progress.committed(lb.msgs)
 	if AfterCommitHook != nil {
 		AfterCommitHook()
 	}
@@ -69,10 +76,12 @@ func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	}
 	ackCtx, cancel := context.WithTimeout(work, ackTimeout)
 	defer cancel()
-	if err := c.src.Ack(ackCtx, lb.msgs); err != nil {
+	ackErr := c.src.Ack(ackCtx, lb.msgs)
+	c.progress.acked(token, ackErr == nil)
+	if ackErr != nil {
 		// Committed effects are safe: the broker redelivers, the inbox dedupes.
 		c.metrics.AckErrors.Inc()
-		c.log.Error(err, "Ack failed after commit; the broker will redeliver", "messages", len(lb.msgs))
+		c.log.Error(ackErr, "Ack failed after commit; the broker will redeliver", "messages", len(lb.msgs))
 	}
 	c.record(len(lb.msgs), out, time.Since(lb.fetched))
 	return nil

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,7 @@ type Consumer struct {
 	// picks the lane.
 	key      *extract.Extractor
 	delivery config.Delivery
+	source   config.Source
 	metrics  *Metrics
 	log      logr.Logger
 
@@ -76,6 +78,9 @@ type Consumer struct {
 	// crashed holds a lane's panic; abort stops the pipeline then.
 	crashed atomic.Pointer[panicked]
 	abort   crash
+
+	// progress is what this replica records in <inbox>_progress.
+	progress *progress
 }
 
 // New builds the loop from the config. metrics may be nil (then they are
@@ -108,9 +113,11 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 	}
 	c := &Consumer{
 		src: src, pool: pool, store: store, effect: eff, id: id, key: key,
-		delivery: cfg.Delivery, metrics: metrics, onPayloadMismatch: cfg.Message.OnPayloadMismatch,
+		delivery: cfg.Delivery, source: cfg.Source, metrics: metrics, onPayloadMismatch: cfg.Message.OnPayloadMismatch,
 		log: logger.WithValues("consumer", cfg.Name),
 	}
+	host, _ := os.Hostname()
+	c.progress = newProgress(host, cfg.Source)
 	if cfg.Emit != nil {
 		if c.emit, err = outbox.NewWriter(cfg.Emit, key); err != nil {
 			return nil, err
@@ -128,6 +135,10 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 	return c, nil
 }
 
+// SetReplica names this replica in its progress record (the pod name; a
+// per-start suffix is added). Call it before Run.
+func (c *Consumer) SetReplica(name string) { c.progress = newProgress(name, c.source) }
+
 // Ready reports whether the database answered, the source delivered (or
 // timed out empty) at least once, and the loop is not holding on a
 // misconfigured sink (see Readiness).
@@ -139,10 +150,11 @@ func (c *Consumer) Ready() bool { return c.Readiness() == nil }
 // they are left to the broker to redeliver); batches fetched but not started
 // stay unacknowledged.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.waitForDatabase(ctx) {
+	if !c.waitForDatabase(ctx) || !c.registerProgress(ctx) {
 		return nil
 	}
 	go c.refreshStats(ctx)
+	go c.reportProgress(ctx)
 	c.pipeline(ctx)
 	return nil
 }

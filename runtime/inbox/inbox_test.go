@@ -268,7 +268,7 @@ func TestPruneTableDeletesOnlyOlderThanCutoff(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM idc.inbox_orders WHERE processed_at < now() - interval '48 hours'").Scan(&olderBefore); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.PruneTable(ctx, window, 97, time.Minute)
+	res, err := s.PruneTable(ctx, Bound{Window: window}, 97, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func TestPruneTableDeletesOnlyOlderThanCutoff(t *testing.T) {
 		t.Errorf("prune run recorded as %+v, result %+v", run, res)
 	}
 	// A zero maxDuration deletes nothing but is still recorded.
-	if res, err := s.PruneTable(ctx, time.Hour, 10, 0); err != nil || res.RowsDeleted != 0 {
+	if res, err := s.PruneTable(ctx, Bound{Window: time.Hour}, 10, 0); err != nil || res.RowsDeleted != 0 {
 		t.Errorf("PruneTable with no time = %+v, %v", res, err)
 	}
 	if next, _ := s.LastPruneRun(ctx); next == nil || next.ID <= run.ID {
@@ -323,11 +323,11 @@ func TestPrunePartitionsDropsWholeOldDays(t *testing.T) {
 	// It can still be redelivered, so its partition must survive the prune.
 	backlog := today.AddDate(0, 0, -8)
 	claim(t, s, pool, Claim{MessageID: "backlog", PublishedAt: backlog.Add(2 * time.Hour)})
-	if _, err := s.PruneTable(ctx, time.Hour, 10, time.Minute); err == nil {
+	if _, err := s.PruneTable(ctx, Bound{Window: time.Hour}, 10, time.Minute); err == nil {
 		t.Error("PruneTable must refuse a Partitioned inbox")
 	}
 	const window = 4 * 24 * time.Hour
-	res, err := s.PrunePartitions(ctx, window)
+	res, err := s.PrunePartitions(ctx, Bound{Window: window})
 	if err != nil {
 		t.Fatal(err)
 	}

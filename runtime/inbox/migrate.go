@@ -160,6 +160,44 @@ func (s *Store) ddl() []string {
 			ADD COLUMN IF NOT EXISTS order_key text,
 			ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0,
 			ADD COLUMN IF NOT EXISTS last_error text`,
+		// Schema version 5: one row per runtime process (replica), written
+		// every few seconds, never per batch: when it last heartbeat, since
+		// when its oldest claim is committed but not yet acknowledged, and
+		// the highest broker positions it claimed. stale_since and
+		// settle_mark are the prune job's: when it found the replica gone
+		// and where the broker's delivery stood then (DESIGN.md section 9).
+		`CREATE TABLE IF NOT EXISTS `+s.progress+` (
+			replica        text PRIMARY KEY,
+			started_at     timestamptz NOT NULL DEFAULT now(),
+			heartbeat_at   timestamptz NOT NULL DEFAULT now(),
+			last_commit_at timestamptz,
+			unacked_since  timestamptz,
+			positions      jsonb NOT NULL DEFAULT '{}',
+			stopped        boolean NOT NULL DEFAULT false,
+			stale_since    timestamptz,
+			settle_mark    jsonb
+		)`,
+		// The window in force and a pending shrink, beside the data: the
+		// controller and the prune job adopt through one function, and a
+		// resource re-created without status finds them here.
+		`CREATE TABLE IF NOT EXISTS `+s.window+` (
+			singleton          boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+			window_ms          bigint NOT NULL,
+			inputs_hash        text NOT NULL,
+			source             text NOT NULL,
+			derived_from       text NOT NULL,
+			redelivery_horizon text NOT NULL DEFAULT '',
+			replay_horizon     text NOT NULL DEFAULT '',
+			adopted_at         timestamptz NOT NULL,
+			pending_window_ms  bigint,
+			pending_since      timestamptz,
+			updated_at         timestamptz NOT NULL DEFAULT now()
+		)`,
+		// window_cutoff is now() - window; cutoff is lower when the
+		// consumer's progress held pruning back, held_reason says why.
+		`ALTER TABLE `+s.pruneRuns+` ADD COLUMN IF NOT EXISTS window_cutoff timestamptz,
+			ADD COLUMN IF NOT EXISTS held_reason text,
+			ADD COLUMN IF NOT EXISTS held_since timestamptz`,
 		`CREATE TABLE IF NOT EXISTS `+s.meta+` (
 			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
 			schema_version int NOT NULL,
@@ -228,6 +266,8 @@ func (s *Store) Drop(ctx context.Context) error {
 			"DROP TABLE IF EXISTS " + s.redrives,
 			"DROP TABLE IF EXISTS " + s.idConflicts,
 			"DROP TABLE IF EXISTS " + s.outbox,
+			"DROP TABLE IF EXISTS " + s.progress,
+			"DROP TABLE IF EXISTS " + s.window,
 			"DROP TABLE IF EXISTS " + s.meta,
 		})
 	})

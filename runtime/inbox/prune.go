@@ -13,9 +13,25 @@ import (
 
 // PruneResult is what one prune run did.
 type PruneResult struct {
+	// Cutoff is what the run deleted below: WindowCutoff, or earlier when
+	// the consumer's progress held it back.
 	Cutoff            time.Time
+	WindowCutoff      time.Time
 	RowsDeleted       int64
 	PartitionsDropped int
+}
+
+// Bound is what a prune run may delete: ids processed before now()-Window
+// (the database's clock), and never at or after HoldAt when that is set:
+// claims from then on may still come back from the broker.
+type Bound struct {
+	Window time.Duration
+	// HoldAt caps the cutoff (zero: no cap).
+	HoldAt time.Time
+	// HeldReason says why HoldAt is set; HeldSince since when the hold
+	// lasts. Both are recorded with the run.
+	HeldReason string
+	HeldSince  time.Time
 }
 
 // PruneRun is one row of <inbox>_prune_runs.
@@ -27,6 +43,12 @@ type PruneRun struct {
 	RowsDeleted       int64
 	PartitionsDropped int
 	Window            time.Duration
+	// WindowCutoff is StartedAt - Window; Cutoff is earlier when the run
+	// was held back, and HeldReason and HeldSince say why and since when.
+	// They are zero for runs recorded before schema version 5.
+	WindowCutoff time.Time
+	HeldReason   string
+	HeldSince    *time.Time
 	// Error is empty for a run that succeeded.
 	Error string
 }
@@ -34,12 +56,12 @@ type PruneRun struct {
 // recordTimeout bounds writing the outcome of a run whose context ended.
 const recordTimeout = 10 * time.Second
 
-// PruneTable deletes inbox rows processed before now()-window (database
+// PruneTable deletes inbox rows processed before the bound's cutoff (database
 // clock: the pods' clocks do not matter), batchSize rows per statement, until
 // none are left or maxDuration has passed. Each batch is its own short
 // transaction and skips rows a claim has locked, so pruning never blocks the
 // consumer. The run is recorded in the prune-runs table, failed or not.
-func (s *Store) PruneTable(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (PruneResult, error) {
+func (s *Store) PruneTable(ctx context.Context, b Bound, batchSize int, maxDuration time.Duration) (PruneResult, error) {
 	if batchSize < 1 {
 		return PruneResult{}, fmt.Errorf("while pruning: batch size must be positive, got %d", batchSize)
 	}
@@ -48,7 +70,7 @@ func (s *Store) PruneTable(ctx context.Context, window time.Duration, batchSize 
 		// would hit unrelated rows of other partitions.
 		return PruneResult{}, errors.New("while pruning: a Partitioned inbox is pruned with PrunePartitions")
 	}
-	run, res, err := s.startRun(ctx, window)
+	run, res, err := s.startRun(ctx, b)
 	if err != nil {
 		return res, err
 	}
@@ -70,10 +92,10 @@ func (s *Store) PruneTable(ctx context.Context, window time.Duration, batchSize 
 }
 
 // PrunePartitions drops the day partitions whose whole range lies before
-// now()-window: constant time, no row deletes, no bloat. The cutoff is
+// the bound's cutoff: constant time, no row deletes, no bloat. The cutoff is
 // compared with the publish day, the partition key. The run is recorded.
-func (s *Store) PrunePartitions(ctx context.Context, window time.Duration) (PruneResult, error) {
-	run, res, err := s.startRun(ctx, window)
+func (s *Store) PrunePartitions(ctx context.Context, b Bound) (PruneResult, error) {
+	run, res, err := s.startRun(ctx, b)
 	if err != nil {
 		return res, err
 	}
@@ -130,15 +152,28 @@ func (s *Store) dropPartition(ctx context.Context, name string, cutoff time.Time
 	})
 }
 
-func (s *Store) startRun(ctx context.Context, window time.Duration) (int64, PruneResult, error) {
-	if window <= 0 {
-		return 0, PruneResult{}, fmt.Errorf("while pruning: window must be positive, got %s", window)
+func (s *Store) startRun(ctx context.Context, b Bound) (int64, PruneResult, error) {
+	if b.Window <= 0 {
+		return 0, PruneResult{}, fmt.Errorf("while pruning: window must be positive, got %s", b.Window)
 	}
 	var id int64
 	var res PruneResult
-	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.pruneRuns+` (cutoff, window_seconds)
-		VALUES (now() - $1::bigint * interval '1 microsecond', $2) RETURNING id, cutoff`,
-		window.Microseconds(), int64(window/time.Second)).Scan(&id, &res.Cutoff)
+	var holdAt, heldSince *time.Time
+	var reason *string
+	if !b.HoldAt.IsZero() {
+		holdAt, reason = &b.HoldAt, &b.HeldReason
+		if !b.HeldSince.IsZero() {
+			heldSince = &b.HeldSince
+		}
+	}
+	// A hold at or after the window's cutoff holds nothing back: the run
+	// is then recorded as not held.
+	err := s.pool.QueryRow(ctx, `WITH c AS (SELECT now() - $1::bigint * interval '1 microsecond' AS window_cutoff)
+		INSERT INTO `+s.pruneRuns+` (cutoff, window_cutoff, window_seconds, held_reason, held_since)
+		SELECT least(c.window_cutoff, $3), c.window_cutoff, $2,
+			CASE WHEN $3 < c.window_cutoff THEN $4 END, CASE WHEN $3 < c.window_cutoff THEN $5::timestamptz END FROM c
+		RETURNING id, cutoff, window_cutoff`,
+		b.Window.Microseconds(), int64(b.Window/time.Second), holdAt, reason, heldSince).Scan(&id, &res.Cutoff, &res.WindowCutoff)
 	if err != nil {
 		return 0, res, fmt.Errorf("while recording the start of a prune run: %w", err)
 	}
@@ -167,10 +202,13 @@ func (s *Store) finishRun(ctx context.Context, id int64, res PruneResult, runErr
 func (s *Store) LastPruneRun(ctx context.Context) (*PruneRun, error) {
 	var r PruneRun
 	var windowSeconds int64
-	var errText *string
+	var errText, held *string
+	var windowCutoff *time.Time
 	err := s.pool.QueryRow(ctx, `SELECT id, started_at, finished_at, cutoff, rows_deleted,
-		partitions_dropped, window_seconds, error FROM `+s.pruneRuns+` ORDER BY id DESC LIMIT 1`).Scan(
-		&r.ID, &r.StartedAt, &r.FinishedAt, &r.Cutoff, &r.RowsDeleted, &r.PartitionsDropped, &windowSeconds, &errText)
+		partitions_dropped, window_seconds, error, window_cutoff, held_reason, held_since
+		FROM `+s.pruneRuns+` ORDER BY id DESC LIMIT 1`).Scan(
+		&r.ID, &r.StartedAt, &r.FinishedAt, &r.Cutoff, &r.RowsDeleted, &r.PartitionsDropped, &windowSeconds, &errText,
+		&windowCutoff, &held, &r.HeldSince)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -178,6 +216,13 @@ func (s *Store) LastPruneRun(ctx context.Context) (*PruneRun, error) {
 		return nil, fmt.Errorf("while reading the last prune run: %w", err)
 	}
 	r.Window = time.Duration(windowSeconds) * time.Second
+	r.WindowCutoff = r.Cutoff
+	if windowCutoff != nil {
+		r.WindowCutoff = *windowCutoff
+	}
+	if held != nil {
+		r.HeldReason = *held
+	}
 	if errText != nil {
 		r.Error = *errText
 	}

@@ -204,7 +204,7 @@ func TestPruneTableUnderClaimLoad(t *testing.T) {
 	}
 	var res inbox.PruneResult
 	underLoad(t, ctx, claimers, func(ctx context.Context) (err error) {
-		res, err = s.PruneTable(ctx, window, 1000, 2*time.Minute)
+		res, err = s.PruneTable(ctx, inbox.Bound{Window: window}, 1000, 2*time.Minute)
 		return err
 	})
 	if t.Failed() {
@@ -319,7 +319,7 @@ func TestPrunePartitionsUnderClaimLoad(t *testing.T) {
 	late.retryNoPartition = true
 	var res inbox.PruneResult
 	underLoad(t, ctx, append(claimers, late), func(ctx context.Context) (err error) {
-		res, err = pruner.PrunePartitions(ctx, window)
+		res, err = pruner.PrunePartitions(ctx, inbox.Bound{Window: window})
 		return err
 	})
 	if t.Failed() {
@@ -361,7 +361,7 @@ func TestPrunePartitionsUnderClaimLoad(t *testing.T) {
 	// entirely older than the cutoff, and every expired id left is one the
 	// late claimer claimed as new (none, as PrunePartitions stands: it judges
 	// by publish day only).
-	res2, err := pruner.PrunePartitions(ctx, window)
+	res2, err := pruner.PrunePartitions(ctx, inbox.Bound{Window: window})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func TestPruneTableSafetyProperty(t *testing.T) {
 				}
 				batch := 1 + rng.IntN(64)
 				before := dbNow(t, pool)
-				res, err := s.PruneTable(ctx, w, batch, 5*time.Minute)
+				res, err := s.PruneTable(ctx, inbox.Bound{Window: w}, batch, 5*time.Minute)
 				after := dbNow(t, pool)
 				if err != nil {
 					t.Fatalf("round %d: PruneTable: %v", round, err)
@@ -279,7 +279,7 @@ func TestPrunePartitionsSafetyProperty(t *testing.T) {
 				}
 				partsBefore, _ := partitionsOf(t, pool)
 				before := dbNow(t, pool)
-				res, err := s.PrunePartitions(ctx, w)
+				res, err := s.PrunePartitions(ctx, inbox.Bound{Window: w})
 				after := dbNow(t, pool)
 				if err != nil {
 					t.Fatalf("round %d: PrunePartitions: %v", round, err)
@@ -475,12 +475,12 @@ func TestPrunedIDsLateOlderSequenceDoesNotRegress(t *testing.T) {
 				pgtest.Exec(t, pool, "UPDATE idc.inbox_orders SET processed_at = now() - interval '10 days'")
 				var res inbox.PruneResult
 				if layout == config.LayoutTable {
-					res, err = s.PruneTable(ctx, window, 1+rng.IntN(10), time.Minute)
+					res, err = s.PruneTable(ctx, inbox.Bound{Window: window}, 1+rng.IntN(10), time.Minute)
 				} else {
 					if err = s.EnsurePartitions(ctx, time.Now(), 2); err != nil {
 						t.Fatal(err)
 					}
-					res, err = s.PrunePartitions(ctx, window)
+					res, err = s.PrunePartitions(ctx, inbox.Bound{Window: window})
 				}
 				if err != nil {
 					t.Fatal(err)

@@ -31,7 +31,14 @@ import (
 // 4 added the outbox's headers, order_key, attempts and last_error columns
 // (emit.headers, http delivery: Outbox); nullable columns and a constant
 // default, so migrating from 3 is a catalog change only.
-const SchemaVersion = 4
+//
+// 5 added the <inbox>_progress table (each replica's heartbeat and oldest
+// unacknowledged claim, which bound the prune cutoff), the <inbox>_window
+// table (the adopted retention window and its pending shrink, kept beside
+// the data so a re-created resource keeps them) and the held-back columns
+// of <inbox>_prune_runs; new tables and nullable columns only, so
+// migrating from 4 is online too.
+const SchemaVersion = 5
 
 // maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
 // silently, which would make derived names collide.
@@ -54,6 +61,8 @@ type Names struct {
 	IDConflicts string
 	Outbox      string
 	Meta        string
+	Progress    string
+	Window      string
 }
 
 // NamesFor derives the table names from the sink config. Derived names that
@@ -72,6 +81,8 @@ func NamesFor(sink config.Sink) Names {
 		IDConflicts: DerivedName(sink.InboxTable, "_id_conflicts"),
 		Outbox:      DerivedName(sink.InboxTable, "_outbox"),
 		Meta:        DerivedName(sink.InboxTable, "_meta"),
+		Progress:    DerivedName(sink.InboxTable, "_progress"),
+		Window:      DerivedName(sink.InboxTable, "_window"),
 	}
 }
 
@@ -91,7 +102,7 @@ type Store struct {
 	layout config.Layout
 	names  Names
 
-	inbox, deadLetters, pruneRuns, redrives, idConflicts, outbox, meta string // quoted, schema-qualified
+	inbox, deadLetters, pruneRuns, redrives, idConflicts, outbox, meta, progress, window string // quoted, schema-qualified
 	// lockKey scopes advisory locks to this inbox, so two inboxes in one
 	// database never wait on each other.
 	lockKey int32
@@ -119,6 +130,8 @@ func New(pool *pgxpool.Pool, sink config.Sink) (*Store, error) {
 		idConflicts: qualify(n.Schema, n.IDConflicts),
 		outbox:      qualify(n.Schema, n.Outbox),
 		meta:        qualify(n.Schema, n.Meta),
+		progress:    qualify(n.Schema, n.Progress),
+		window:      qualify(n.Schema, n.Window),
 		lockKey:     int32(crc32.ChecksumIEEE([]byte(n.Schema + "." + n.Inbox))),
 		partitions:  partitionCache{known: map[time.Time]bool{}},
 	}, nil

@@ -190,9 +190,9 @@ func runLayout(tb testing.TB, ctx context.Context, dsn string, layout config.Lay
 	var res inbox.PruneResult
 	pruneStart := time.Now()
 	if layout == config.LayoutPartitioned {
-		res, err = pruneStore.PrunePartitions(ctx, window)
+		res, err = pruneStore.PrunePartitions(ctx, inbox.Bound{Window: window})
 	} else {
-		res, err = pruneStore.PruneTable(ctx, window, p.batch, pruneMaxDuration)
+		res, err = pruneStore.PruneTable(ctx, inbox.Bound{Window: window}, p.batch, pruneMaxDuration)
 	}
 	pruneEnd := time.Now()
 	o.prune = pruneEnd.Sub(pruneStart)

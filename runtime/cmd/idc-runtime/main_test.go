@@ -23,6 +23,7 @@ func TestChooseWindow(t *testing.T) {
 		derived    retention.Result
 		deriveErr  error
 		controller time.Duration
+		stored     time.Duration
 		want       time.Duration
 		from       string
 		refused    bool
@@ -35,10 +36,13 @@ func TestChooseWindow(t *testing.T) {
 		{name: "broker unreachable and no flag", deriveErr: unreachable, refused: true},
 		{name: "unbounded replay refuses despite flag", deriveErr: unbounded, controller: 100 * time.Hour, refused: true},
 		{name: "zero window without error", derived: res(0), refused: true},
+		{name: "stored larger (a pending shrink)", derived: res(time.Hour), controller: time.Hour, stored: 24 * time.Hour, want: 24 * time.Hour, from: windowFromStored},
+		{name: "broker unreachable uses the stored window", deriveErr: unreachable, stored: 2 * time.Hour, want: 2 * time.Hour, from: windowFromStored},
+		{name: "unbounded replay refuses despite a stored window", deriveErr: unbounded, stored: 100 * time.Hour, refused: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := chooseWindow(tc.derived, tc.deriveErr, tc.controller)
+			c, err := chooseWindow(tc.derived, tc.deriveErr, tc.controller, tc.stored)
 			if tc.refused {
 				if !errors.Is(err, errRefused) {
 					t.Fatalf("err = %v, want errRefused", err)

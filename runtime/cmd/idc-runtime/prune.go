@@ -27,6 +27,7 @@ const partitionDaysAhead = 4
 const (
 	windowFromDerived    = "derived"
 	windowFromController = "controller"
+	windowFromStored     = "stored"
 )
 
 // errRefused marks a prune that deleted nothing because no safe window is
@@ -39,6 +40,7 @@ type windowChoice struct {
 	from       string
 	derived    time.Duration
 	controller time.Duration
+	stored     time.Duration
 }
 
 func pruneCommand(args []string, stderr io.Writer) int {
@@ -47,7 +49,7 @@ func pruneCommand(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	flags.register(fs)
-	fs.DurationVar(&controllerWindow, "window", 0, "the window the controller has in force; the larger of it and the re-derived one is used")
+	fs.DurationVar(&controllerWindow, "window", 0, "the window the controller has in force; the largest of it, the re-derived one and the one stored with the inbox is used")
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)
 	}
@@ -64,42 +66,45 @@ func pruneCommand(args []string, stderr io.Writer) int {
 }
 
 // chooseWindow applies the rule of DESIGN.md section 6: never delete below
-// the larger of the job's own derivation and the controller's window. An
-// unbounded replay forbids pruning whatever the controller says; a failed
-// derivation falls back to the controller's window, and with neither there
-// is nothing safe to use.
-func chooseWindow(derived retention.Result, deriveErr error, controller time.Duration) (windowChoice, error) {
-	c := windowChoice{controller: controller}
+// the largest of the job's own derivation, the controller's window and the
+// window in force stored beside the inbox (which keeps a pending shrink
+// waiting, even for a resource re-created without status). An unbounded
+// replay forbids pruning whatever the others say; with none of the three
+// there is nothing safe to use.
+func chooseWindow(derived retention.Result, deriveErr error, controller, stored time.Duration) (windowChoice, error) {
+	c := windowChoice{controller: controller, stored: stored}
 	if errors.Is(deriveErr, retention.ErrUnboundedReplay) {
 		return c, fmt.Errorf("%w: %w", errRefused, deriveErr)
 	}
 	if deriveErr == nil {
 		c.derived = derived.Window
 	}
-	switch {
-	case c.derived <= 0 && controller <= 0:
+	c.window, c.from = c.derived, windowFromDerived
+	if controller > c.window {
+		c.window, c.from = controller, windowFromController
+	}
+	if stored > c.window {
+		c.window, c.from = stored, windowFromStored
+	}
+	if c.window <= 0 {
 		cause := deriveErr
 		if cause == nil {
 			cause = errors.New("the derivation returned no window")
 		}
-		return c, fmt.Errorf("%w: re-deriving failed and no --window was given: %w", errRefused, cause)
-	case c.derived >= controller:
-		c.window, c.from = c.derived, windowFromDerived
-	default:
-		c.window, c.from = controller, windowFromController
+		return c, fmt.Errorf("%w: re-deriving failed, no window is stored with the inbox and no --window was given: %w", errRefused, cause)
 	}
 	return c, nil
 }
 
 func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerWindow time.Duration) error {
 	derived, deriveErr := retention.Derive(ctx, cfg, os.Getenv, time.Now())
-	if deriveErr != nil && !errors.Is(deriveErr, retention.ErrUnboundedReplay) {
-		log.Error(deriveErr, "Re-deriving the retention window failed; falling back to the controller's window",
-			"controllerWindow", controllerWindow.String())
-	}
-	choice, err := chooseWindow(derived, deriveErr, controllerWindow)
-	if err != nil {
+	if errors.Is(deriveErr, retention.ErrUnboundedReplay) {
+		_, err := chooseWindow(derived, deriveErr, controllerWindow, 0)
 		return withCode(exitRefused, err)
+	}
+	if deriveErr != nil {
+		log.Error(deriveErr, "Re-deriving the retention window failed; falling back to the stored and the controller's window",
+			"controllerWindow", controllerWindow.String())
 	}
 	pool, err := newPool(cfg)
 	if err != nil {
@@ -120,15 +125,44 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		log.Info("Inbox not provisioned yet; nothing to prune", "inbox", store.QualifiedInbox())
 		return nil
 	}
-	res, err := pruneStore(ctx, store, cfg.Retention, choice.window)
-	log.Info("Prune finished",
+	if version < inbox.SchemaVersion {
+		// An inbox of an older runtime: the progress records and the window
+		// state need schema 5. Migrating is online and idempotent, as the
+		// runtime does at start.
+		log.Info("Migrating the inbox before pruning", "inbox", store.QualifiedInbox(), "from", version, "to", inbox.SchemaVersion)
+		if err := store.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	stored, err := adoptWindow(ctx, store, derived, deriveErr)
+	if err != nil {
+		return err
+	}
+	choice, err := chooseWindow(derived, deriveErr, controllerWindow, stored)
+	if err != nil {
+		return withCode(exitRefused, err)
+	}
+	hold, cost, err := holdByProgress(ctx, cfg, store, choice.window, log)
+	if err != nil {
+		return err
+	}
+	res, err := pruneStore(ctx, store, cfg.Retention, hold.Bound(choice.window))
+	kv := []any{
 		"inbox", store.QualifiedInbox(), "layout", string(store.Layout()),
-		"cutoff", res.Cutoff, "rowsDeleted", res.RowsDeleted, "partitionsDropped", res.PartitionsDropped,
+		"cutoff", res.Cutoff, "windowCutoff", res.WindowCutoff, "rowsDeleted", res.RowsDeleted, "partitionsDropped", res.PartitionsDropped,
 		"window", choice.window.String(), "windowSource", choice.from,
-		"derivedWindow", choice.derived.String(), "controllerWindow", choice.controller.String(),
-		"derivedFrom", derived.DerivedFrom, "failed", err != nil)
-	if err != nil || version < 3 {
-		return err // schema version 3 added the outbox
+		"derivedWindow", choice.derived.String(), "controllerWindow", choice.controller.String(), "storedWindow", choice.stored.String(),
+		"derivedFrom", derived.DerivedFrom, "heldBack", hold.Held(),
+		"progressRecords", cost.records, "brokerCalls", cost.brokerCalls, "progressCheckMs", cost.took.Milliseconds(),
+		"failed", err != nil,
+	}
+	if hold.Held() {
+		kv = append(kv, "heldFor", retention.FormatDuration(hold.HeldFor().Truncate(time.Second)),
+			"heldSince", hold.Since, "heldBy", hold.Holders, "heldReason", hold.Reason)
+	}
+	log.Info("Prune finished", kv...)
+	if err != nil {
+		return err
 	}
 	// Sent outbox rows follow the inbox window; unsent ones stay.
 	sent, err := store.PruneOutbox(ctx, choice.window, cfg.Retention.PruneBatchSize, cfg.Retention.PruneMaxDuration.Duration)
@@ -136,12 +170,91 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 	return err
 }
 
-func pruneStore(ctx context.Context, store *inbox.Store, r config.Retention, window time.Duration) (inbox.PruneResult, error) {
+// adoptWindow runs the derivation through the window state stored beside the
+// inbox (the controller adopts through the same function) and returns the
+// window in force there; 0 when none is stored and nothing was derived.
+func adoptWindow(ctx context.Context, store *inbox.Store, derived retention.Result, deriveErr error) (time.Duration, error) {
+	var applied *retention.Applied
+	var err error
+	if deriveErr == nil {
+		var a retention.Applied
+		a, _, err = retention.AdoptStored(ctx, store, derived, time.Now())
+		applied = &a
+	} else {
+		applied, err = retention.StoredApplied(ctx, store)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("while adopting the window stored with the inbox: %w", err)
+	}
+	if applied == nil {
+		return 0, nil
+	}
+	return applied.InForce.Window, nil
+}
+
+// progressCost is what checking the consumer's progress cost this run.
+type progressCost struct {
+	records, brokerCalls int
+	took                 time.Duration
+}
+
+// holdByProgress bounds the cutoff by the replicas' progress records
+// (retention.Hold). The broker is asked only when a replica stopped
+// heartbeating without a graceful stop: an idle, fully acknowledged
+// consumer costs one query.
+func holdByProgress(ctx context.Context, cfg *config.Config, store *inbox.Store, window time.Duration, log logr.Logger) (retention.Hold, progressCost, error) {
+	start := time.Now()
+	now, recs, err := store.Progress(ctx)
+	if err != nil {
+		return retention.Hold{}, progressCost{}, err
+	}
+	cost := progressCost{records: len(recs)}
+	var st retention.Settlement
+	var stErr error
+	if anySilent(now, recs) {
+		cost.brokerCalls++
+		if st, stErr = retention.Settle(ctx, cfg, os.Getenv); stErr != nil {
+			log.Error(stErr, "Cannot read what the broker could still redeliver; replicas that stopped heartbeating keep holding pruning back")
+		}
+	}
+	hold := retention.BoundByProgress(now, window, recs, st, stErr)
+	for _, r := range hold.Stamp {
+		if err := store.MarkStale(ctx, r, st.Position); err != nil && !inbox.IsProgressMoved(err) {
+			return hold, cost, err
+		}
+		log.Info("Replica stopped heartbeating with claims the broker may redeliver; holding pruning back until the broker settles them",
+			"progressReplica", r.Replica, "lastProgress", r.HeartbeatAt, "settleMark", st.Position, "broker", st.Facts)
+	}
+	for _, r := range hold.Retire {
+		if err := store.RetireProgress(ctx, r); err != nil {
+			return hold, cost, err
+		}
+		if !r.Stopped {
+			log.Info("The broker settled everything a gone replica could have claimed; it no longer holds pruning back",
+				"progressReplica", r.Replica, "lastProgress", r.HeartbeatAt, "broker", st.Facts)
+		}
+	}
+	cost.took = time.Since(start)
+	return hold, cost, nil
+}
+
+// anySilent reports whether a replica that did not stop gracefully has been
+// silent for retention.StaleAfter.
+func anySilent(now time.Time, recs []inbox.ProgressRecord) bool {
+	for _, r := range recs {
+		if !r.Stopped && now.Sub(r.HeartbeatAt) > retention.StaleAfter {
+			return true
+		}
+	}
+	return false
+}
+
+func pruneStore(ctx context.Context, store *inbox.Store, r config.Retention, b inbox.Bound) (inbox.PruneResult, error) {
 	if store.Layout() != config.LayoutPartitioned {
-		return store.PruneTable(ctx, window, r.PruneBatchSize, r.PruneMaxDuration.Duration)
+		return store.PruneTable(ctx, b, r.PruneBatchSize, r.PruneMaxDuration.Duration)
 	}
 	if err := store.EnsurePartitions(ctx, time.Now(), partitionDaysAhead); err != nil {
 		return inbox.PruneResult{}, fmt.Errorf("while creating inbox partitions ahead: %w", err)
 	}
-	return store.PrunePartitions(ctx, window)
+	return store.PrunePartitions(ctx, b)
 }

@@ -215,6 +215,7 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("while building the consumer: %w", err))
 	}
+	c.SetReplica(consumerName)
 	state.consumer.Store(c)
 	// Migrating here makes a pod work even before the controller provisioned
 	// the inbox; it is idempotent.
@@ -229,9 +230,19 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	if !ok {
 		return nil
 	}
+	// The last progress record is written once the source is closed (its
+	// Close sends the last acks), whichever way consume returns.
 	defer func() {
-		if err := src.Close(); err != nil {
-			log.Error(err, "Closing the source failed")
+		closeErr := src.Close()
+		if closeErr != nil {
+			log.Error(closeErr, "Closing the source failed")
+		}
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		defer cancel()
+		// A Close that failed may have lost acks: then the stop is not
+		// recorded as graceful.
+		if err := c.FinishProgress(fctx, closeErr == nil); err != nil {
+			log.Error(err, "Could not record this replica's graceful stop; pruning holds back from its last record until the broker shows its claims settled")
 		}
 	}()
 	watched.Source = src

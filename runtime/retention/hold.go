@@ -1,0 +1,167 @@
+package retention
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+)
+
+// The runtime writes its progress every ProgressInterval; a replica silent
+// for StaleAfter is taken for gone. AnchorSlack covers the round trips
+// between a replica's clock and the database's when it converts ages to
+// database times (the conversion is off by the difference of two one-way
+// latencies).
+const (
+	ProgressInterval = 5 * time.Second
+	StaleAfter       = 6 * ProgressInterval
+	AnchorSlack      = 5 * time.Second
+)
+
+// Hold is what the consumer's progress allows a prune run to delete.
+//
+// The window's cutoff (now - window) assumes the consumer acknowledges what
+// it committed within maxConsumerOutage. A replica that died between COMMIT
+// and ack leaves claims the broker still holds as delivered and never
+// acknowledged, and it hands them back whenever a consumer returns, however
+// long that takes. So no claim made at or after a replica's anchor is
+// deleted while it can still come back: the anchor is the replica's last
+// heartbeat, or the start of its oldest claim not yet acknowledged when that
+// is earlier. A replica that stopped gracefully had acknowledged everything
+// and anchors nothing. A replica gone for StaleAfter is marked stale with
+// where the broker's delivery stood then (Settlement.Position); its anchor
+// is released once the broker shows that everything delivered up to that
+// mark has settled, or that nothing is unsettled at all, so a replica that
+// never returns does not hold pruning for ever.
+type Hold struct {
+	// WindowCutoff is now - window; Cutoff is the earliest anchor when that
+	// is earlier, else WindowCutoff.
+	WindowCutoff time.Time
+	Cutoff       time.Time
+	// Reason says why Cutoff is earlier than WindowCutoff; empty when not.
+	Reason string
+	// Since is when the holding replica's hold began (it went silent, or
+	// its oldest unacknowledged claim began).
+	Since time.Time
+	// Holders names the replicas whose anchors are before WindowCutoff.
+	Holders []string
+	// Stamp lists the stale replicas to mark with the broker's position;
+	// Retire the records that hold nothing any more.
+	Stamp  []inbox.ProgressRecord
+	Retire []inbox.ProgressRecord
+}
+
+// Held reports whether the consumer's progress held the cutoff back.
+func (h Hold) Held() bool { return h.Cutoff.Before(h.WindowCutoff) }
+
+// HeldFor is how much earlier the cutoff is than the window's.
+func (h Hold) HeldFor() time.Duration { return h.WindowCutoff.Sub(h.Cutoff) }
+
+// Bound is the inbox's prune bound for this hold.
+func (h Hold) Bound(window time.Duration) inbox.Bound {
+	b := inbox.Bound{Window: window}
+	if h.Held() {
+		b.HoldAt, b.HeldReason, b.HeldSince = h.Cutoff, h.Reason, h.Since
+	}
+	return b
+}
+
+// BoundByProgress applies the rule of Hold to the replicas' progress records
+// and the broker's settlement, read at now (the database's clock). When the
+// broker could not be read (settleErr), stale replicas keep their anchors:
+// nothing proves their claims settled.
+func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressRecord, st Settlement, settleErr error) Hold {
+	h := Hold{WindowCutoff: now.Add(-window)}
+	h.Cutoff = h.WindowCutoff
+	var holder *inbox.ProgressRecord
+	var stale bool
+	for i := range recs {
+		r := recs[i]
+		silent := now.Sub(r.HeartbeatAt) > StaleAfter
+		if r.Stopped {
+			if silent {
+				h.Retire = append(h.Retire, r)
+			}
+			continue
+		}
+		if silent && settleErr == nil {
+			if st.Unsettled == 0 || (r.SettleMark != nil && st.Passed(r.SettleMark)) {
+				h.Retire = append(h.Retire, r)
+				continue
+			}
+			if r.SettleMark == nil {
+				h.Stamp = append(h.Stamp, r)
+			}
+		}
+		anchor := anchorOf(r)
+		if anchor.Before(h.WindowCutoff) {
+			h.Holders = append(h.Holders, r.Replica)
+		}
+		if anchor.Before(h.Cutoff) {
+			h.Cutoff, holder, stale = anchor, &recs[i], silent
+		}
+	}
+	if holder != nil {
+		h.Since, h.Reason = holdReason(now, h, holder, stale, st, settleErr)
+	}
+	return h
+}
+
+// anchorOf is the earliest time a claim of r may have begun without having
+// been acknowledged, less the slack.
+func anchorOf(r inbox.ProgressRecord) time.Time {
+	a := r.HeartbeatAt
+	if r.UnackedSince != nil && r.UnackedSince.Before(a) {
+		a = *r.UnackedSince
+	}
+	return a.Add(-AnchorSlack)
+}
+
+func holdReason(now time.Time, h Hold, r *inbox.ProgressRecord, stale bool, st Settlement, settleErr error) (time.Time, string) {
+	var b strings.Builder
+	since := r.HeartbeatAt
+	switch {
+	case stale:
+		fmt.Fprintf(&b, "replica %s stopped without acknowledging everything it committed (last progress %s, %s ago)",
+			r.Replica, r.HeartbeatAt.UTC().Format(time.RFC3339), FormatDuration(now.Sub(r.HeartbeatAt).Truncate(time.Second)))
+	case r.UnackedSince != nil:
+		fmt.Fprintf(&b, "replica %s has claims committed but not acknowledged since %s",
+			r.Replica, r.UnackedSince.UTC().Format(time.RFC3339))
+	default:
+		fmt.Fprintf(&b, "replica %s last reported progress at %s, later than the window's cutoff",
+			r.Replica, r.HeartbeatAt.UTC().Format(time.RFC3339))
+	}
+	if r.UnackedSince != nil && r.UnackedSince.Before(since) {
+		since = *r.UnackedSince
+	}
+	if len(r.Positions) > 0 {
+		fmt.Fprintf(&b, "; it claimed up to %s", formatPositions(r.Positions))
+	}
+	switch {
+	case settleErr != nil:
+		fmt.Fprintf(&b, "; the broker could not be read to prove those claims settled (%v)", settleErr)
+	case st.Facts != "":
+		fmt.Fprintf(&b, "; the broker may still redeliver them (%s)", st.Facts)
+	}
+	fmt.Fprintf(&b, "; ids claimed since %s are kept (the window alone would delete up to %s, %s later)",
+		h.Cutoff.UTC().Format(time.RFC3339), h.WindowCutoff.UTC().Format(time.RFC3339), FormatDuration(h.HeldFor().Truncate(time.Second)))
+	if n := len(h.Holders); n > 1 {
+		fmt.Fprintf(&b, "; %d replicas hold pruning back", n)
+	}
+	return since, b.String()
+}
+
+func formatPositions(p map[string]int64) string {
+	keys := make([]string, 0, len(p))
+	for k := range p {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s@%d", k, p[k])
+	}
+	return strings.Join(parts, ",")
+}

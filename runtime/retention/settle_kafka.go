@@ -1,0 +1,120 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// kafkaFactsPartitions bounds how many partitions Facts spells out.
+const kafkaFactsPartitions = 8
+
+// settle reads, per partition of the topics, the end offset (Position: the
+// next offset to be written, so every record handed out lies below it) and
+// the group's committed offset (Floor: the next offset the group would
+// fetch, so every record below it is settled). A partition the group never
+// committed, or whose log start offset has passed the commit, floors at the
+// start offset: the records below it are gone. Kafka does not track
+// deliveries, so every record between the floor and the end is counted as
+// Unsettled: a consumer restarting from the commit is handed it again.
+func (k *kafkaInspector) settle(ctx context.Context) (Settlement, error) {
+	opts, err := k.options()
+	if err != nil {
+		return Settlement{}, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return Settlement{}, fmt.Errorf("while creating the Kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topics := strings.Join(k.cfg.Topics, ",")
+	ends, err := adm.ListEndOffsets(ctx, k.cfg.Topics...)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return Settlement{}, kafkaOffsetsError("listing the end offsets of topics "+topics, err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, k.cfg.Topics...)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return Settlement{}, kafkaOffsetsError("listing the start offsets of topics "+topics, err)
+	}
+	committed, err := adm.FetchOffsets(ctx, k.cfg.ConsumerGroup)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// No consumer joined yet: every partition floors at its start.
+		committed, err = kadm.OffsetResponses{}, nil
+	}
+	if err != nil {
+		return Settlement{}, kafkaRequestError("fetching the offsets of consumer group "+k.cfg.ConsumerGroup, err)
+	}
+	s := kafkaSettlement(ends, starts, committed)
+	s.Facts = fmt.Sprintf("Kafka consumer group %s on topics %s: %s; unsettled %d", k.cfg.ConsumerGroup, topics, s.Facts, s.Unsettled)
+	return s, nil
+}
+
+// kafkaOffsetsError: a topic the broker does not know is ErrSourceNotFound.
+func kafkaOffsetsError(what string, err error) error {
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return fmt.Errorf("%w: while %s: %w", ErrSourceNotFound, what, err)
+	}
+	return kafkaRequestError(what, err)
+}
+
+// kafkaSettlement keys every listed partition "<topic>/<partition>":
+// Position is the end offset, Floor max(committed, start), Unsettled
+// Σ max(0, end − floor). Facts holds only the per-partition part.
+func kafkaSettlement(ends, starts kadm.ListedOffsets, committed kadm.OffsetResponses) Settlement {
+	s := Settlement{Position: map[string]int64{}, Floor: map[string]int64{}}
+	type part struct {
+		topic     string
+		partition int32
+		fact      string
+	}
+	var parts []part
+	ends.Each(func(end kadm.ListedOffset) {
+		floor, from := int64(0), "start"
+		if st, ok := starts.Lookup(end.Topic, end.Partition); ok {
+			floor = st.Offset
+		}
+		if c, ok := committed.Lookup(end.Topic, end.Partition); ok && c.Err == nil && c.At >= floor {
+			floor, from = c.At, "committed"
+		}
+		key := end.Topic + "/" + strconv.Itoa(int(end.Partition))
+		s.Position[key] = end.Offset
+		s.Floor[key] = floor
+		if end.Offset > floor {
+			s.Unsettled += end.Offset - floor
+		}
+		parts = append(parts, part{end.Topic, end.Partition, fmt.Sprintf("%s %s %d end %d", key, from, floor, end.Offset)})
+	})
+	slices.SortFunc(parts, func(a, b part) int {
+		if c := strings.Compare(a.topic, b.topic); c != 0 {
+			return c
+		}
+		return int(a.partition - b.partition)
+	})
+	facts := make([]string, 0, kafkaFactsPartitions+1)
+	for i, p := range parts {
+		if i == kafkaFactsPartitions {
+			facts = append(facts, fmt.Sprintf("and %d more partitions", len(parts)-i))
+			break
+		}
+		facts = append(facts, p.fact)
+	}
+	if len(facts) == 0 {
+		facts = append(facts, "no partitions")
+	}
+	s.Facts = strings.Join(facts, ", ")
+	return s
+}
