@@ -127,6 +127,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.client.Get(ctx, req.NamespacedName, idc); err != nil {
 		if apierrors.IsNotFound(err) {
 			forgetBrokerLimits(req.Namespace, req.Name)
+			forgetPruneHeldBack(req.Namespace, req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -200,7 +201,7 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, idc *messagingv1alpha1
 	if err := r.reconcileChildren(ctx, idc, rc, secrets, window, obs); err != nil {
 		return err
 	}
-	r.readLastPrune(ctx, idc, rc, secrets)
+	r.readLastPrune(ctx, idc, rc, secrets, obs)
 	r.readLag(ctx, idc, rc, secrets)
 	r.readOutbox(ctx, idc, rc, secrets)
 	r.reportIDConflicts(ctx, idc, rc, secrets, obs)

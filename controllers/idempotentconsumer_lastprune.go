@@ -2,6 +2,11 @@ package controllers
 
 import (
 	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -13,8 +18,11 @@ import (
 )
 
 // readLastPrune copies the latest prune run recorded in the database into
-// status.lastPrune. It is informational: a failure is logged, not fatal.
-func (r *Reconciler) readLastPrune(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets) {
+// status.lastPrune and, when that run was held back by the consumer's
+// progress, says so in PruneScheduled (and so in Ready's reason) and in
+// idc_prune_held_back_seconds. Reading it is informational: a failure is
+// logged, not fatal.
+func (r *Reconciler) readLastPrune(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) {
 	run, err := r.opts.Inbox.LastPrune(ctx, secrets.getenv(envPostgresDSN), rc.Config.Sink)
 	if err != nil {
 		_, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
@@ -22,6 +30,41 @@ func (r *Reconciler) readLastPrune(ctx context.Context, idc *messagingv1alpha1.I
 		return
 	}
 	idc.Status.LastPrune = lastPruneStatus(run)
+	held := heldBackSeconds(idc.Status.LastPrune, r.opts.Clock.Now())
+	pruneHeldBack.WithLabelValues(idc.Namespace, idc.Name).Set(held)
+	if held > 0 && obs.prune.ok {
+		obs.prune = okOutcome(messagingv1alpha1.ReasonPruneHeldBack, fmt.Sprintf(
+			"the last prune run (%s) kept ids its window would have deleted: %s",
+			idc.Status.LastPrune.Time.UTC().Format(time.RFC3339), idc.Status.LastPrune.HeldBack))
+	}
+}
+
+// pruneHeldBack is how long pruning has been held back by the consumer's
+// progress, as of the last prune run; 0 when that run was not held back.
+var pruneHeldBack = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "idc_prune_held_back_seconds",
+	Help: "Seconds since the consumer's progress began holding pruning back (a replica stopped with claims the broker may still redeliver), as of the last prune run; 0 when it was not held back.",
+}, []string{"namespace", "name"})
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(pruneHeldBack)
+}
+
+// heldBackSeconds is the hold's age for the metric: from heldSince to now,
+// at least 1 while a run was held back.
+func heldBackSeconds(st *messagingv1alpha1.PruneRunStatus, now time.Time) float64 {
+	if st == nil || st.HeldBack == "" {
+		return 0
+	}
+	if st.HeldSince == nil {
+		return 1
+	}
+	return max(now.Sub(st.HeldSince.Time).Seconds(), 1)
+}
+
+// forgetPruneHeldBack drops the metric series of a deleted resource.
+func forgetPruneHeldBack(namespace, name string) {
+	pruneHeldBack.DeleteLabelValues(namespace, name)
 }
 
 // lastPruneStatus is status.lastPrune for a recorded run; runs still going
@@ -32,9 +75,21 @@ func lastPruneStatus(run *inbox.PruneRun) *messagingv1alpha1.PruneRunStatus {
 	}
 	finished := metav1.NewTime(run.FinishedAt.UTC())
 	cutoff := metav1.NewTime(run.Cutoff.UTC())
-	return &messagingv1alpha1.PruneRunStatus{
+	st := &messagingv1alpha1.PruneRunStatus{
 		Time: &finished, Cutoff: &cutoff, RowsDeleted: run.RowsDeleted, PartitionsDropped: int32(run.PartitionsDropped),
 	}
+	if !run.WindowCutoff.IsZero() && !run.WindowCutoff.Equal(run.Cutoff) {
+		wc := metav1.NewTime(run.WindowCutoff.UTC())
+		st.WindowCutoff = &wc
+	}
+	if run.HeldReason != "" {
+		st.HeldBack = run.HeldReason
+		if run.HeldSince != nil {
+			hs := metav1.NewTime(run.HeldSince.UTC())
+			st.HeldSince = &hs
+		}
+	}
+	return st
 }
 
 func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructured.Unstructured {
@@ -44,4 +99,11 @@ func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructur
 	unstructured.RemoveNestedField(u.Object, "status")
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	return u
+}
+
+// DescribeMetrics sends the descriptions of the manager's per-resource
+// metrics (test/monitoring checks the alerts against them).
+func DescribeMetrics(ch chan<- *prometheus.Desc) {
+	brokerLimitTooSmall.Describe(ch)
+	pruneHeldBack.Describe(ch)
 }

@@ -129,6 +129,11 @@ func summarize(o *observation) outcome {
 			return failed(p.o.reason, p.o.message)
 		}
 	}
+	// A held-back prune is what the on-call engineer must see first (in a
+	// suspension too): ids are kept that the window alone would delete.
+	if o.prune.reason == messagingv1alpha1.ReasonPruneHeldBack {
+		return o.prune
+	}
 	if o.runtime.reason == messagingv1alpha1.ReasonSuspended {
 		return okOutcome(messagingv1alpha1.ReasonSuspended, "the runtime is suspended (spec.suspend); pruning continues")
 	}

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // Pure status functions, table-tested without a cluster.
@@ -58,6 +59,18 @@ func TestSetConditions(t *testing.T) {
 			o.runtime = ok(messagingv1alpha1.ReasonSuspended)
 			return o
 		}(), "True/Suspended", "False/Ready", "False/Ready", "True/Provisioned"},
+		{"prune held back by the consumer's progress shows in Ready, suspended or not", func() observation {
+			o := allGood
+			o.runtime = ok(messagingv1alpha1.ReasonSuspended)
+			o.prune = ok(messagingv1alpha1.ReasonPruneHeldBack)
+			return o
+		}(), "True/PruneHeldBack", "False/Ready", "False/Ready", "True/Provisioned"},
+		{"a sink that is not ready wins over a held-back prune", func() observation {
+			o := allGood
+			o.effect = failed(messagingv1alpha1.ReasonTableNotFound, "no table")
+			o.prune = ok(messagingv1alpha1.ReasonPruneHeldBack)
+			return o
+		}(), "False/TableNotFound", "True/TableNotFound", "False/Ready", "True/Provisioned"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -157,5 +170,28 @@ func TestPruneSuspension(t *testing.T) {
 	idc.Spec.Retention.Prune.Suspend = true
 	if cj := renderCronJob(idc, rc, "img", "h", 49*time.Hour); !*cj.Spec.Suspend {
 		t.Error("prune.suspend must suspend the CronJob")
+	}
+}
+
+func TestLastPruneStatusHeldBack(t *testing.T) {
+	finished := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	since := finished.Add(-3 * time.Hour)
+	run := &inbox.PruneRun{FinishedAt: &finished, Cutoff: since.Add(-5 * time.Second), WindowCutoff: finished.Add(-time.Minute),
+		RowsDeleted: 7, HeldReason: "replica r-1 stopped without acknowledging everything it committed", HeldSince: &since}
+	st := lastPruneStatus(run)
+	if st.HeldBack != run.HeldReason || st.HeldSince == nil || !st.HeldSince.Time.Equal(since) ||
+		st.WindowCutoff == nil || !st.WindowCutoff.Time.Equal(run.WindowCutoff) || st.RowsDeleted != 7 {
+		t.Fatalf("status %+v for run %+v", st, run)
+	}
+	if got := heldBackSeconds(st, finished.Add(time.Hour)); got != (4 * time.Hour).Seconds() {
+		t.Errorf("held back %v s, want %v", got, (4 * time.Hour).Seconds())
+	}
+	plain := &inbox.PruneRun{FinishedAt: &finished, Cutoff: finished.Add(-time.Minute), WindowCutoff: finished.Add(-time.Minute)}
+	st = lastPruneStatus(plain)
+	if st.HeldBack != "" || st.HeldSince != nil || st.WindowCutoff != nil {
+		t.Errorf("a run not held back shows %+v", st)
+	}
+	if got := heldBackSeconds(st, finished); got != 0 {
+		t.Errorf("held back %v s for a run not held back", got)
 	}
 }

@@ -46,13 +46,18 @@ const (
 	ReasonDeploymentNotReady = "DeploymentNotAvailable"
 	ReasonScheduled          = "Scheduled"
 	ReasonPruneSuspended     = "PruneSuspended"
-	ReasonBrokerValues       = "Broker"
-	ReasonExplicit           = "Explicit"
-	ReasonUnboundedReplay    = "UnboundedReplay"
-	ReasonBrokerUnreachable  = "BrokerUnreachable"
-	ReasonWaitingForInbox    = "WaitingForInbox"
-	ReasonWaitingForWindow   = "WaitingForRetention"
-	ReasonInvalidSpec        = "InvalidSpec"
+	// ReasonPruneHeldBack (PruneScheduled and Ready, both True): the last
+	// prune run kept ids its window would have deleted, because a replica
+	// stopped with claims the broker may still redeliver; it lasts until
+	// the broker shows them settled (README, "The retention window").
+	ReasonPruneHeldBack     = "PruneHeldBack"
+	ReasonBrokerValues      = "Broker"
+	ReasonExplicit          = "Explicit"
+	ReasonUnboundedReplay   = "UnboundedReplay"
+	ReasonBrokerUnreachable = "BrokerUnreachable"
+	ReasonWaitingForInbox   = "WaitingForInbox"
+	ReasonWaitingForWindow  = "WaitingForRetention"
+	ReasonInvalidSpec       = "InvalidSpec"
 
 	// EffectReady=False reasons (the sink is not ready for the effect).
 	ReasonTableNotFound      = "TableNotFound"
@@ -228,4 +233,18 @@ type PruneRunStatus struct {
 	// partitionsDropped by the run.
 	// +optional
 	PartitionsDropped int32 `json:"partitionsDropped,omitempty"`
+	// windowCutoff is the run's time minus the window: what the window
+	// alone would have let it delete below. cutoff is earlier when the
+	// consumer's progress held the run back.
+	// +optional
+	WindowCutoff *metav1.Time `json:"windowCutoff,omitempty"`
+	// heldBack says why the run kept ids the window would have deleted: a
+	// replica stopped with claims committed and not acknowledged, which the
+	// broker may still redeliver. Empty when the run was not held back.
+	// +optional
+	HeldBack string `json:"heldBack,omitempty"`
+	// heldSince is when the hold began (the holding replica's last
+	// progress, or its oldest unacknowledged claim).
+	// +optional
+	HeldSince *metav1.Time `json:"heldSince,omitempty"`
 }
