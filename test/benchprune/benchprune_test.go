@@ -11,6 +11,7 @@
 // left and every claim was kept, and drops the inbox. It prints
 //
 //	BENCH prune layout=<table|partitioned> rows=<n> seconds=<s> claim_p99_ms=<x> claim_p99_idle_ms=<y>
+//	BENCH prune_progress_check layout=<…> records=<n> broker_calls=0 ms=<x>
 //	RATIO prune_table_vs_partitioned=<table seconds / partitioned seconds>
 //
 // plus INFO lines with the load time, sample counts and the load average.
@@ -45,7 +46,12 @@ import (
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
+
+// benchReplicas is how many live replicas' progress records the prune's
+// progress check reads.
+const benchReplicas = 8
 
 const (
 	// adminDSNEnv is the variable runtime/internal/pgtest reads as well.
@@ -91,6 +97,11 @@ type outcome struct {
 	deleted, dropped       int64
 	loadBefore, loadAfter  string
 	claimsTotal, keptTotal int64
+	// progressCheck is what bounding the cutoff by the replicas' progress
+	// records cost before the prune (the prune job's check when every
+	// replica is live: one query, no broker call).
+	progressCheck   time.Duration
+	progressRecords int
 }
 
 func BenchmarkPrune(b *testing.B) {
@@ -129,6 +140,8 @@ func TestBenchPruneSmoke(t *testing.T) {
 func printOutcome(o outcome) {
 	fmt.Printf("BENCH prune layout=%s rows=%d seconds=%.4f claim_p99_ms=%.2f claim_p99_idle_ms=%.2f\n",
 		o.layout, o.rows, o.prune.Seconds(), ms(percentile(o.during, 0.99)), ms(percentile(o.idle, 0.99)))
+	fmt.Printf("BENCH prune_progress_check layout=%s records=%d broker_calls=0 ms=%.2f\n",
+		o.layout, o.progressRecords, ms(o.progressCheck))
 	fmt.Printf("INFO prune layout=%s prune_batch=%d expired_days=%d load_seconds=%.1f vacuum_checkpoint_seconds=%.1f rows_deleted=%d partitions_dropped=%d "+
 		"claims_idle=%d claims_during=%d claim_p50_idle_ms=%.2f claim_p50_ms=%.2f claim_max_idle_ms=%.2f claim_max_ms=%.2f "+
 		"claimed_ids=%d kept_ids=%d loadavg_before=%q loadavg_after=%q\n",
@@ -187,12 +200,30 @@ func runLayout(tb testing.TB, ctx context.Context, dsn string, layout config.Lay
 	time.Sleep(p.idle)
 	waitFor(done, func() bool { return c.completedAfter(time.Time{}) >= warmup+10 })
 
+	// The replicas' progress records, as live runtimes write them; the
+	// prune goes through the progress bound the prune job applies.
+	for i := range benchReplicas {
+		if err := runtimeStore.WriteHeartbeat(ctx, inbox.Heartbeat{Replica: fmt.Sprintf("bench-%s-%d", o.layout, i)}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	checkStart := time.Now()
+	now, recs, err := pruneStore.Progress(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	hold := retention.BoundByProgress(now, window, recs, retention.Settlement{}, nil)
+	o.progressCheck, o.progressRecords = time.Since(checkStart), len(recs)
+	if hold.Held() {
+		tb.Fatalf("%s: live replicas held the prune back: %s", layout, hold.Reason)
+	}
+
 	var res inbox.PruneResult
 	pruneStart := time.Now()
 	if layout == config.LayoutPartitioned {
-		res, err = pruneStore.PrunePartitions(ctx, inbox.Bound{Window: window})
+		res, err = pruneStore.PrunePartitions(ctx, hold.Bound(window))
 	} else {
-		res, err = pruneStore.PruneTable(ctx, inbox.Bound{Window: window}, p.batch, pruneMaxDuration)
+		res, err = pruneStore.PruneTable(ctx, hold.Bound(window), p.batch, pruneMaxDuration)
 	}
 	pruneEnd := time.Now()
 	o.prune = pruneEnd.Sub(pruneStart)
