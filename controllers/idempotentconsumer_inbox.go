@@ -16,6 +16,7 @@ import (
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
 // dbTimeout bounds every database round of a reconcile so an unreachable
@@ -32,6 +33,13 @@ type InboxClient interface {
 	LastPrune(ctx context.Context, dsn string, sink config.Sink) (*inbox.PruneRun, error)
 	// Drop drops the tables; dropping what is gone succeeds.
 	Drop(ctx context.Context, dsn string, sink config.Sink) error
+	// AdoptWindow applies the shrink rule to a derived window against the
+	// state kept in the inbox (retention.AdoptStored) and returns what is
+	// now in force; pendingShrink is true while a smaller window waits.
+	AdoptWindow(ctx context.Context, dsn string, sink config.Sink, derived retention.Result, now time.Time) (applied retention.Applied, pendingShrink bool, err error)
+	// StoredWindow reads that state without changing it; nil when none is
+	// stored yet.
+	StoredWindow(ctx context.Context, dsn string, sink config.Sink) (*retention.Applied, error)
 }
 
 // PostgresInbox is the InboxClient on runtime/inbox: the controller and the
@@ -122,6 +130,29 @@ func (p *PostgresInbox) LastPrune(ctx context.Context, dsn string, sink config.S
 // Drop implements InboxClient.
 func (p *PostgresInbox) Drop(ctx context.Context, dsn string, sink config.Sink) error {
 	return p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error { return s.Drop(ctx) })
+}
+
+// AdoptWindow implements InboxClient.
+func (p *PostgresInbox) AdoptWindow(ctx context.Context, dsn string, sink config.Sink, derived retention.Result, now time.Time) (retention.Applied, bool, error) {
+	var applied retention.Applied
+	var pending bool
+	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
+		var err error
+		applied, pending, err = retention.AdoptStored(ctx, s, derived, now)
+		return err
+	})
+	return applied, pending, err
+}
+
+// StoredWindow implements InboxClient.
+func (p *PostgresInbox) StoredWindow(ctx context.Context, dsn string, sink config.Sink) (*retention.Applied, error) {
+	var applied *retention.Applied
+	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
+		var err error
+		applied, err = retention.StoredApplied(ctx, s)
+		return err
+	})
+	return applied, err
 }
 
 // classifyDBError maps a database error to a condition reason and a message

@@ -30,15 +30,22 @@ func (BrokerRetention) Derive(ctx context.Context, cfg *config.Config, getenv fu
 
 // reconcileRetention resolves the window in force and returns it (0 when
 // unresolved: pruning is then suspended). A window that grows applies at
-// once; one that shrinks waits until the old window has elapsed. When the
-// broker cannot be read the last window stays in force, never a smaller one.
+// once; one that shrinks waits until the old window has elapsed. The state
+// that rule needs (window in force, pending shrink and since when) is kept
+// in the inbox database, beside the data, and adopted there through the
+// same function the prune job calls; status is a projection of it, so a
+// resource re-created or restored without status still waits out the old
+// window. When the broker cannot be read the last window stays in force,
+// never a smaller one.
 func (r *Reconciler) reconcileRetention(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) time.Duration {
 	now := r.opts.Clock.Now()
-	current := appliedFromStatus(idc.Status.Retention)
+	dsn, sink := secrets.getenv(envPostgresDSN), rc.Config.Sink
 	derived, err := r.opts.Retention.Derive(ctx, rc.Config, secrets.getenv, now)
 	observeBrokerLimits(idc, rc.Config, derived.Limits, obs)
 	switch {
 	case errors.Is(err, retention.ErrUnboundedReplay):
+		// The stored state is left as it is: should replay become bounded
+		// with a smaller window, that one still waits out the stored one.
 		msg := fmt.Sprintf("the broker can replay without bound (%s); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile", derived.DerivedFrom)
 		obs.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
 		obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
@@ -46,25 +53,67 @@ func (r *Reconciler) reconcileRetention(ctx context.Context, idc *messagingv1alp
 		idc.Status.Retention.Window = ""
 		return 0
 	case err != nil:
-		kept := "no window was resolved yet, so pruning is suspended"
-		if current != nil {
-			kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
-		}
-		obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %v; %s", err, kept))
-		if current == nil {
-			return 0
-		}
-		return current.InForce.Window
+		return r.keepRetention(ctx, idc, dsn, sink, err, obs)
 	}
-	next, pending := retention.Adopt(current, derived, now)
-	if !pending {
-		idc.Status.Retention = retentionStatus(next.InForce, now)
-	} else {
-		idc.Status.Retention.PendingWindow = retention.FormatDuration(next.Pending.Window)
-		idc.Status.Retention.PendingSince = &metav1.Time{Time: next.ShrinkObservedAt}
+	next, pending, dbErr := r.opts.Inbox.AdoptWindow(ctx, dsn, sink, derived, now)
+	if dbErr != nil {
+		// The inbox was reachable a moment ago (reconcileInbox); rather than
+		// leave the window unresolved, fall back on status, which cannot
+		// see a shrink the stored state may still be waiting out, so it
+		// adopts nothing smaller than it shows until the database answers.
+		next, pending = adoptWithoutStore(appliedFromStatus(idc.Status.Retention), derived, now)
+		if !pending {
+			idc.Status.Retention = retentionStatus(next.InForce, now)
+		} else {
+			idc.Status.Retention.PendingWindow = retention.FormatDuration(next.Pending.Window)
+			idc.Status.Retention.PendingSince = &metav1.Time{Time: next.ShrinkObservedAt}
+		}
+		obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending)+
+			fmt.Sprintf("; the window state in the inbox database could not be updated (%s), so no smaller window is adopted until it can", redact(dbErr.Error())))
+		return next.InForce.Window
 	}
+	idc.Status.Retention = projectRetention(next, now)
 	obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending))
 	return next.InForce.Window
+}
+
+// keepRetention handles a broker that cannot be read: the stored window
+// stays in force (status's when none is stored or the database cannot be
+// read), and status's when it is the larger: a window never shrinks
+// without the broker saying so and the old window having elapsed.
+func (r *Reconciler) keepRetention(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, dsn string, sink config.Sink, deriveErr error, obs *observation) time.Duration {
+	current := appliedFromStatus(idc.Status.Retention)
+	stored, err := r.opts.Inbox.StoredWindow(ctx, dsn, sink)
+	if err == nil && stored != nil && (current == nil || stored.InForce.Window >= current.InForce.Window) {
+		// The inputs were not read now: observedAt stays when they last were.
+		var observedAt time.Time
+		if idc.Status.Retention != nil && idc.Status.Retention.ObservedAt != nil {
+			observedAt = idc.Status.Retention.ObservedAt.Time
+		}
+		idc.Status.Retention = projectRetention(*stored, observedAt)
+		current = stored
+	}
+	kept := "no window was resolved yet, so pruning is suspended"
+	if current != nil {
+		kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
+	}
+	obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %v; %s", deriveErr, kept))
+	if current == nil {
+		return 0
+	}
+	return current.InForce.Window
+}
+
+// adoptWithoutStore is the shrink rule on status alone, for when the inbox
+// database cannot be updated: a growth applies at once, a shrink stays
+// pending even once status says the old window has elapsed.
+func adoptWithoutStore(current *retention.Applied, derived retention.Result, now time.Time) (retention.Applied, bool) {
+	next, pending := retention.Adopt(current, derived, now)
+	if current == nil || next.InForce.Window >= current.InForce.Window {
+		return next, pending
+	}
+	d := derived
+	return retention.Applied{InForce: current.InForce, Pending: &d, ShrinkObservedAt: current.ShrinkObservedAt}, true
 }
 
 func reasonFor(res retention.Result) string {
@@ -83,7 +132,8 @@ func retentionMessage(a retention.Applied, pending bool) string {
 	return msg
 }
 
-// appliedFromStatus rebuilds the shrink state kept in status.retention.
+// appliedFromStatus rebuilds the shrink state status.retention shows, the
+// fallback when the inbox database cannot be reached.
 func appliedFromStatus(st *messagingv1alpha1.RetentionStatus) *retention.Applied {
 	if st == nil || st.Window == "" {
 		return nil
@@ -100,6 +150,20 @@ func appliedFromStatus(st *messagingv1alpha1.RetentionStatus) *retention.Applied
 		}
 	}
 	return a
+}
+
+// projectRetention is status.retention for an Applied read from or written
+// to the inbox database. observedAt zero leaves observedAt unset.
+func projectRetention(a retention.Applied, observedAt time.Time) *messagingv1alpha1.RetentionStatus {
+	st := retentionStatus(a.InForce, observedAt)
+	if observedAt.IsZero() {
+		st.ObservedAt = nil
+	}
+	if a.Pending != nil {
+		st.PendingWindow = retention.FormatDuration(a.Pending.Window)
+		st.PendingSince = &metav1.Time{Time: a.ShrinkObservedAt}
+	}
+	return st
 }
 
 func retentionStatus(res retention.Result, now time.Time) *messagingv1alpha1.RetentionStatus {

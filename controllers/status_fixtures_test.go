@@ -84,6 +84,10 @@ func fixtureScenarios() []fixtureScenario {
 		{name: "suspended", suspend: true, obs: ready(func(o *observation) {
 			o.runtime = ok(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
 		})},
+		{name: "suspended-prune-held-back", suspend: true, obs: ready(func(o *observation) {
+			o.runtime = ok(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
+			o.prune = ok(messagingv1alpha1.ReasonPruneHeldBack, "the last prune run (2026-12-01T12:00:00Z) kept ids its window would have deleted: replica orders-projector-7d9f-x2k4-1a2b3c4d stopped without acknowledging everything it committed (last progress 2026-12-01T11:20:00Z, 40m ago); the broker may still redeliver them (JetStream consumer orders-projector on stream ORDERS: ack floor 0, delivered 200, ack pending 200)")
+		})},
 		{name: "new-generation-not-observed", specEdited: true, obs: ready(nil)},
 		{name: "progressing-just-created"},
 		{name: "progressing-deployment-not-available", obs: ready(func(o *observation) {
