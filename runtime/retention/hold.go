@@ -130,8 +130,8 @@ func holdReason(now time.Time, h Hold, r *inbox.ProgressRecord, stale bool, st S
 		fmt.Fprintf(&b, "replica %s has claims committed but not acknowledged since %s",
 			r.Replica, r.UnackedSince.UTC().Format(time.RFC3339))
 	default:
-		fmt.Fprintf(&b, "replica %s last reported progress at %s, later than the window's cutoff",
-			r.Replica, r.HeartbeatAt.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, "replica %s is running (last progress %s) and the window is shorter than its progress interval and slack (%s)",
+			r.Replica, r.HeartbeatAt.UTC().Format(time.RFC3339), FormatDuration(ProgressInterval+AnchorSlack))
 	}
 	if r.UnackedSince != nil && r.UnackedSince.Before(since) {
 		since = *r.UnackedSince

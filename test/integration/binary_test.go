@@ -31,6 +31,7 @@ func TestBinary(t *testing.T) {
 	t.Run("RelayFailpointKillsBetweenPublishAndMark", func(t *testing.T) { relayFailpoint(t, bin) })
 	t.Run("PipelineChaos", func(t *testing.T) { pipelineChaos(t, bin) })
 	t.Run("HTTPOutbox", func(t *testing.T) { httpOutbox(t, bin) })
+	t.Run("OutageLongerThanTheWindow", func(t *testing.T) { outageLongerThanTheWindow(t, bin) })
 }
 
 func buildBinary(t *testing.T) string {
