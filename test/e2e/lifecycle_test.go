@@ -24,36 +24,7 @@ import (
 // runs `idc-runtime prune` in a kubelet-run pod to completion, and the
 // controller reads the run into status.lastPrune.
 func (s *suite) pruneCronJob(ctx context.Context, t *testing.T) {
-	name := s.orders.Name + "-prune"
-	var cj batchv1.CronJob
-	if err := s.c.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: name}, &cj); err != nil {
-		t.Fatal(err)
-	}
-	job := "e2e-prune-" + s.suffix
-	if _, err := s.c.KubectlCmd(ctx, "-n", testNamespace, "create", "job", job, "--from=cronjob/"+name); err != nil {
-		t.Fatal(err)
-	}
-	var j batchv1.Job
-	if err := localcluster.Eventually(ctx, 3*time.Minute, func() error {
-		if err := s.c.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: job}, &j); err != nil {
-			return err
-		}
-		if j.Status.Failed > 0 {
-			return fmt.Errorf("job %s failed: %+v", job, j.Status)
-		}
-		if j.Status.Succeeded != 1 {
-			return fmt.Errorf("job %s: %+v", job, j.Status)
-		}
-		return nil
-	}); err != nil {
-		out, _ := s.c.KubectlCmd(ctx, "-n", testNamespace, "logs", "job/"+job)
-		t.Fatalf("%v\nlogs:\n%s", err, out)
-	}
-	pods, err := s.c.Pods(ctx, testNamespace, map[string]string{"job-name": job})
-	if err != nil || len(pods) != 1 || pods[0].Status.Phase != corev1.PodSucceeded {
-		t.Fatalf("prune pod: %v%s", err, localcluster.DescribePods(pods))
-	}
-	t.Logf("prune Job %s completed:%s", job, localcluster.DescribePods(pods))
+	j, _ := s.runPruneJob(ctx, t, s.orders, "e2e-prune-"+s.suffix)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	idc, err := localcluster.WaitFor(wctx, s.c.Client, client.ObjectKeyFromObject(s.orders), func(idc *messagingv1alpha1.IdempotentConsumer) bool {

@@ -65,6 +65,7 @@ func TestRealNode(t *testing.T) {
 		{"spec-change-rolls", s.specChangeRolls},
 		{"manager-rollout-restart", s.managerRolloutRestart},
 		{"suspend", s.suspend},
+		{"suspend-after-a-crash-holds-pruning", s.suspendAfterCrash},
 		{"gitops-health-of-live-resources", s.gitopsHealth},
 		{"deletion-policy", s.deletionPolicy},
 		{"manager-rbac-never-forbidden", s.rbacNeverForbidden},
