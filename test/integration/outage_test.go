@@ -246,6 +246,15 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string) 
 	if ws, ok := st.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		t.Fatalf("exit state %s, want killed by SIGKILL\n%s", st, p.logs.String())
 	}
+	// Another lane's COMMIT may have been on its way when the process died:
+	// count once PostgreSQL has closed every session of the dead process.
+	waitFor(t, 20*time.Second, "the killed runtime's database sessions to end", func() error {
+		n := db.queryInt(t, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'idc-runtime'", db.name)
+		if n != 0 {
+			return fmt.Errorf("%d sessions left", n)
+		}
+		return nil
+	})
 	committed := db.queryInt(t, "SELECT count(*) FROM app.effects")
 	inboxRows := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders")
 	if committed == 0 || committed >= outageMessages || inboxRows != committed {

@@ -82,6 +82,18 @@ func resolveConsumerName(flagValue string) (string, error) {
 
 // armFailpoint wires IDC_FAILPOINT. An unknown value is an error, so a typo
 // in a chaos test cannot silently disable the crash it expects.
+// dieAbruptly kills the process with no deferred function, flush or
+// acknowledgement run after the commit. As a container's PID 1 the kernel
+// drops a signal the process sends itself, SIGKILL included, so there it
+// exits at once with SIGKILL's status (137) instead.
+func dieAbruptly() {
+	if os.Getpid() == 1 {
+		os.Exit(128 + int(syscall.SIGKILL))
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	time.Sleep(time.Hour) // the signal is asynchronous; never return to the ack
+}
+
 func armFailpoint(value string, log logr.Logger) error {
 	switch value {
 	case "":
@@ -89,19 +101,13 @@ func armFailpoint(value string, log logr.Logger) error {
 	case failpointAfterCommit:
 		log.Info("CHAOS FAILPOINT ARMED: the process will SIGKILL itself after the first commit, before acknowledging",
 			"env", failpointEnv, "value", value)
-		consumer.AfterCommitHook = func() {
-			// A real kill, not os.Exit: no deferred function, flush or
-			// acknowledgement may run after the commit.
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			time.Sleep(time.Hour) // the signal is asynchronous; never return to the ack
-		}
+		consumer.AfterCommitHook = dieAbruptly
 		return nil
 	case failpointAfterRelay:
 		log.Info("CHAOS FAILPOINT ARMED: the process will SIGKILL itself after the outbox relay's first publish, before marking it sent",
 			"env", failpointEnv, "value", value)
 		relayAfterPublish = func() error {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			time.Sleep(time.Hour) // never reach the mark-sent commit
+			dieAbruptly() // never reach the mark-sent commit
 			return nil
 		}
 		return nil
@@ -109,8 +115,7 @@ func armFailpoint(value string, log logr.Logger) error {
 		log.Info("CHAOS FAILPOINT ARMED: the process will SIGKILL itself when the outbox relay first claimed committed events, before publishing them",
 			"env", failpointEnv, "value", value)
 		relayBeforePublish = func() error {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			time.Sleep(time.Hour) // never reach the publish
+			dieAbruptly() // never reach the publish
 			return nil
 		}
 		return nil
