@@ -313,3 +313,60 @@ func TestMissingDSNEnvIsNamed(t *testing.T) {
 		t.Errorf("error %q does not name %s", l["err"], dsnEnv)
 	}
 }
+
+// TestPruneKeepsTheStoredWindowOfAReCreatedResource: the window's shrink
+// state lives in <inbox>_window, so a resource re-created with a smaller
+// window (and no status, so no --window) still prunes with the old window
+// until it has elapsed; once the tables are dropped (deletionPolicy: Delete)
+// the smaller window applies at once.
+func TestPruneKeepsTheStoredWindowOfAReCreatedResource(t *testing.T) {
+	f := newPruneFixture(t, config.LayoutTable, explicit(24*time.Hour), time.Hour)
+	if code, _ := f.run(t, "migrate"); code != exitOK {
+		t.Fatal("migrate failed")
+	}
+	f.seed(t, "old-", 20, 2*time.Hour)
+	if code, lines := f.run(t, "prune"); code != exitOK || findLine(t, lines, "Prune finished")["window"] != "24h0m0s" {
+		t.Fatalf("first prune exit %d: %v", code, lines)
+	}
+	// Re-created with window 1h: the stored 24h stays in force.
+	f.cfg.Retention = explicit(time.Hour)
+	f.path = writeConfig(t, f.cfg)
+	code, lines := f.run(t, "prune")
+	l := findLine(t, lines, "Prune finished")
+	if code != exitOK || l["window"] != "24h0m0s" || l["windowSource"] != windowFromStored || l["rowsDeleted"] != float64(0) {
+		t.Fatalf("exit %d, line %v: want the stored 24h window and nothing deleted", code, l)
+	}
+	st, err := f.store.ReadWindow(context.Background())
+	if err != nil || st == nil || st.Window != 24*time.Hour || st.PendingWindow != time.Hour || st.PendingSince == nil {
+		t.Fatalf("stored window %+v (%v): want 24h in force and 1h pending", st, err)
+	}
+	// The old window has elapsed since the shrink was first seen.
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+pgx.Identifier{f.cfg.Sink.Schema, inbox.NamesFor(f.cfg.Sink).Window}.Sanitize()+
+		` SET pending_since = now() - interval '25 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	code, lines = f.run(t, "prune")
+	if l := findLine(t, lines, "Prune finished"); code != exitOK || l["window"] != "1h0m0s" || l["rowsDeleted"] != float64(20) {
+		t.Fatalf("exit %d, line %v: want the 1h window adopted and the 20 old rows deleted", code, l)
+	}
+	// Grown back to 24h (a growth applies at once), then deleted with
+	// deletionPolicy: Delete, which drops the state with the tables, and
+	// re-created with 1h: it starts fresh.
+	f.cfg.Retention = explicit(24 * time.Hour)
+	f.path = writeConfig(t, f.cfg)
+	if code, lines := f.run(t, "prune"); code != exitOK || findLine(t, lines, "Prune finished")["window"] != "24h0m0s" {
+		t.Fatalf("prune exit %d: %v", code, lines)
+	}
+	if err := f.store.Drop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.Retention = explicit(time.Hour)
+	f.path = writeConfig(t, f.cfg)
+	if code, _ := f.run(t, "migrate"); code != exitOK {
+		t.Fatal("migrate failed")
+	}
+	code, lines = f.run(t, "prune")
+	if l := findLine(t, lines, "Prune finished"); code != exitOK || l["window"] != "1h0m0s" || l["storedWindow"] != "1h0m0s" {
+		t.Fatalf("exit %d, line %v: a re-created inbox starts fresh with 1h", code, l)
+	}
+}
