@@ -80,8 +80,6 @@ func resolveConsumerName(flagValue string) (string, error) {
 	return host, nil
 }
 
-// armFailpoint wires IDC_FAILPOINT. An unknown value is an error, so a typo
-// in a chaos test cannot silently disable the crash it expects.
 // dieAbruptly kills the process with no deferred function, flush or
 // acknowledgement run after the commit. As a container's PID 1 the kernel
 // drops a signal the process sends itself, SIGKILL included, so there it
@@ -94,6 +92,8 @@ func dieAbruptly() {
 	time.Sleep(time.Hour) // the signal is asynchronous; never return to the ack
 }
 
+// armFailpoint wires IDC_FAILPOINT. An unknown value is an error, so a typo
+// in a chaos test cannot silently disable the crash it expects.
 func armFailpoint(value string, log logr.Logger) error {
 	switch value {
 	case "":
