@@ -15,40 +15,57 @@ import (
 // topics; a partition the group never committed counts from its log start
 // offset, where the runtime's consumer starts (ConsumeResetOffset AtStart).
 func (k *kafkaInspector) lag(ctx context.Context) (int64, error) {
-	opts, err := k.options()
+	offs, err := k.groupOffsets(ctx, kafkaRequestError)
 	if err != nil {
 		return 0, err
 	}
+	return kafkaLag(offs.ends, offs.starts, offs.committed), nil
+}
+
+// kafkaGroupOffsets are the topics' end and start offsets and the group's
+// committed offsets, read together by lag and settle.
+type kafkaGroupOffsets struct {
+	ends, starts kadm.ListedOffsets
+	committed    kadm.OffsetResponses
+}
+
+// groupOffsets reads kafkaGroupOffsets on a client of its own; listErr
+// wraps a failure to list the topics' offsets. A group that does not exist
+// yet has no committed offsets.
+func (k *kafkaInspector) groupOffsets(ctx context.Context, listErr func(what string, err error) error) (kafkaGroupOffsets, error) {
+	var out kafkaGroupOffsets
+	opts, err := k.options()
+	if err != nil {
+		return out, err
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return 0, fmt.Errorf("while creating the Kafka client: %w", err)
+		return out, fmt.Errorf("while creating the Kafka client: %w", err)
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	topics := strings.Join(k.cfg.Topics, ",")
-	ends, err := adm.ListEndOffsets(ctx, k.cfg.Topics...)
-	if err == nil {
-		err = ends.Error()
+	if out.ends, err = adm.ListEndOffsets(ctx, k.cfg.Topics...); err == nil {
+		err = out.ends.Error()
 	}
 	if err != nil {
-		return 0, kafkaRequestError("listing the end offsets of topics "+topics, err)
+		return out, listErr("listing the end offsets of topics "+topics, err)
 	}
-	starts, err := adm.ListStartOffsets(ctx, k.cfg.Topics...)
-	if err == nil {
-		err = starts.Error()
+	if out.starts, err = adm.ListStartOffsets(ctx, k.cfg.Topics...); err == nil {
+		err = out.starts.Error()
 	}
 	if err != nil {
-		return 0, kafkaRequestError("listing the start offsets of topics "+topics, err)
+		return out, listErr("listing the start offsets of topics "+topics, err)
 	}
-	committed, err := adm.FetchOffsets(ctx, k.cfg.ConsumerGroup)
+	out.committed, err = adm.FetchOffsets(ctx, k.cfg.ConsumerGroup)
 	if errors.Is(err, kerr.GroupIDNotFound) {
-		// No consumer joined yet: everything retained is backlog.
-		committed, err = kadm.OffsetResponses{}, nil
+		// No consumer joined yet: nothing is committed.
+		out.committed, err = kadm.OffsetResponses{}, nil
 	}
 	if err != nil {
-		return 0, kafkaRequestError("fetching the offsets of consumer group "+k.cfg.ConsumerGroup, err)
+		return out, kafkaRequestError("fetching the offsets of consumer group "+k.cfg.ConsumerGroup, err)
 	}
-	return kafkaLag(ends, starts, committed), nil
+	return out, nil
 }
 
 // kafkaLag is Σ end − max(committed, start) over the listed partitions.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // kafkaFactsPartitions bounds how many partitions Facts spells out.
@@ -25,41 +24,12 @@ const kafkaFactsPartitions = 8
 // deliveries, so every record between the floor and the end is counted as
 // Unsettled: a consumer restarting from the commit is handed it again.
 func (k *kafkaInspector) settle(ctx context.Context) (Settlement, error) {
-	opts, err := k.options()
+	offs, err := k.groupOffsets(ctx, kafkaOffsetsError)
 	if err != nil {
 		return Settlement{}, err
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return Settlement{}, fmt.Errorf("while creating the Kafka client: %w", err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	topics := strings.Join(k.cfg.Topics, ",")
-	ends, err := adm.ListEndOffsets(ctx, k.cfg.Topics...)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return Settlement{}, kafkaOffsetsError("listing the end offsets of topics "+topics, err)
-	}
-	starts, err := adm.ListStartOffsets(ctx, k.cfg.Topics...)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return Settlement{}, kafkaOffsetsError("listing the start offsets of topics "+topics, err)
-	}
-	committed, err := adm.FetchOffsets(ctx, k.cfg.ConsumerGroup)
-	if errors.Is(err, kerr.GroupIDNotFound) {
-		// No consumer joined yet: every partition floors at its start.
-		committed, err = kadm.OffsetResponses{}, nil
-	}
-	if err != nil {
-		return Settlement{}, kafkaRequestError("fetching the offsets of consumer group "+k.cfg.ConsumerGroup, err)
-	}
-	s := kafkaSettlement(ends, starts, committed)
-	s.Facts = fmt.Sprintf("Kafka consumer group %s on topics %s: %s; unsettled %d", k.cfg.ConsumerGroup, topics, s.Facts, s.Unsettled)
+	s := kafkaSettlement(offs.ends, offs.starts, offs.committed)
+	s.Facts = fmt.Sprintf("Kafka consumer group %s on topics %s: %s; unsettled %d", k.cfg.ConsumerGroup, strings.Join(k.cfg.Topics, ","), s.Facts, s.Unsettled)
 	return s, nil
 }
 
