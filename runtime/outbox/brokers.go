@@ -4,20 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
 	"sync"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
-	"github.com/idempotency-dev/idc-operator/runtime/source/kafka"
 )
 
 // NewPublisher opens the publisher of the configured emit target.
@@ -46,12 +44,11 @@ type kafkaPublisher struct {
 }
 
 func newKafkaPublisher(cfg *config.EmitKafka) (*kafkaPublisher, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(cfg.BootstrapServers...), kgo.RequiredAcks(kgo.AllISRAcks())}
-	auth, err := kafka.AuthOptions(cfg.SASL, cfg.TLS)
+	opts, err := brokerconn.KafkaOptions(cfg.BootstrapServers, cfg.SASL, cfg.TLS, nil, brokerconn.Kafka{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("emit: %w", err)
 	}
-	cl, err := kgo.NewClient(append(opts, auth...)...)
+	cl, err := kgo.NewClient(append(opts, kgo.RequiredAcks(kgo.AllISRAcks()))...)
 	if err != nil {
 		return nil, fmt.Errorf("while creating the Kafka producer for emit: %w", err)
 	}
@@ -95,15 +92,15 @@ type rabbitMQPublisher struct {
 }
 
 func newRabbitMQPublisher(cfg *config.EmitRabbitMQ) (*rabbitMQPublisher, error) {
-	uri := os.Getenv(cfg.URIEnv)
-	if uri == "" {
-		return nil, fmt.Errorf("environment variable %s (emit AMQP URI) is empty", cfg.URIEnv)
-	}
-	tc, err := cfg.TLS.ClientConfig()
+	uri, _, err := brokerconn.AMQPURI(cfg.URIEnv, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("emit: %w", err)
 	}
-	conn, err := amqp.DialConfig(uri, amqp.Config{TLSClientConfig: tc, Dial: amqp.DefaultDial(30 * time.Second)})
+	dial, err := brokerconn.AMQPConfig(cfg.TLS, nil, brokerconn.AMQP{})
+	if err != nil {
+		return nil, fmt.Errorf("emit: %w", err)
+	}
+	conn, err := amqp.DialConfig(uri, dial)
 	if err != nil {
 		return nil, fmt.Errorf("while connecting to RabbitMQ for emit (URI from %s): %w", cfg.URIEnv, redactAMQP(err))
 	}
@@ -199,17 +196,10 @@ type redisPublisher struct {
 }
 
 func newRedisPublisher(cfg *config.EmitRedisStreams) (*redisPublisher, error) {
-	o := &redis.Options{Addr: cfg.Address}
-	if cfg.PasswordEnv != "" {
-		if o.Password = os.Getenv(cfg.PasswordEnv); o.Password == "" {
-			return nil, fmt.Errorf("environment variable %s (emit Redis password) is empty", cfg.PasswordEnv)
-		}
-	}
-	tc, err := cfg.TLS.ClientConfig()
+	o, err := brokerconn.RedisOptions(cfg.Address, cfg.PasswordEnv, cfg.TLS, nil, brokerconn.Redis{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("emit: %w", err)
 	}
-	o.TLSConfig = tc
 	return &redisPublisher{rdb: redis.NewClient(o), stream: cfg.Stream}, nil
 }
 

@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
-	jssource "github.com/idempotency-dev/idc-operator/runtime/source/jetstream"
 )
 
 // JetStreamPublisher publishes outbox events to one subject with
@@ -27,12 +27,12 @@ type JetStreamPublisher struct {
 // NewJetStreamPublisher connects to cfg.URL with the credentials and TLS the
 // config names (environment variables filled from Secrets).
 func NewJetStreamPublisher(cfg *config.EmitJetStream) (*JetStreamPublisher, error) {
-	opts := []nats.Option{nats.Name("idc-runtime outbox relay"), nats.MaxReconnects(-1), nats.ReconnectWait(2 * time.Second)}
-	auth, err := jssource.AuthOptions(cfg.CredentialsEnv, cfg.TLS)
+	opts, err := brokerconn.NATSOptions(cfg.CredentialsEnv, cfg.TLS, nil,
+		brokerconn.NATS{Name: "idc-runtime outbox relay", Reconnect: true, ReconnectWait: 2 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("emit: %w", err)
 	}
-	nc, err := nats.Connect(cfg.URL, append(opts, auth...)...)
+	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("while connecting to NATS for emit: %w", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -107,10 +107,12 @@ func New(ctx context.Context, cfg *config.JetStream, logger logr.Logger, opts ..
 }
 
 func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.Option, error) {
-	opts := []nats.Option{
-		nats.Name(o.clientName),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(o.reconnectWait),
+	opts, err := brokerconn.NATSOptions(cfg.CredentialsEnv, cfg.TLS, nil,
+		brokerconn.NATS{Name: o.clientName, Reconnect: true, ReconnectWait: o.reconnectWait})
+	if err != nil {
+		return nil, err
+	}
+	return append(opts,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Info("disconnected from NATS, reconnecting", "error", err)
 		}),
@@ -120,34 +122,7 @@ func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.O
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Error(err, "asynchronous NATS error")
 		}),
-	}
-	auth, err := AuthOptions(cfg.CredentialsEnv, cfg.TLS)
-	if err != nil {
-		return nil, err
-	}
-	return append(opts, auth...), nil
-}
-
-// AuthOptions are the connection options for the .creds file held in the
-// environment variable credentialsEnv (none when empty) and for TLS (may be
-// nil), shared with the outbox relay's publisher.
-func AuthOptions(credentialsEnv string, t *config.TLS) ([]nats.Option, error) {
-	var opts []nats.Option
-	if credentialsEnv != "" {
-		creds := os.Getenv(credentialsEnv)
-		if creds == "" {
-			return nil, fmt.Errorf("environment variable %s (NATS credentials) is empty", credentialsEnv)
-		}
-		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
-	}
-	tc, err := t.ClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	if tc != nil {
-		opts = append(opts, nats.Secure(tc))
-	}
-	return opts, nil
+	), nil
 }
 
 // bindConsumer looks the durable consumer up and creates it only when it

@@ -6,18 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -130,59 +126,18 @@ func New(ctx context.Context, cfg *config.Kafka, logger logr.Logger, opts ...Opt
 }
 
 func clientOptions(cfg *config.Kafka, log logr.Logger) ([]kgo.Opt, error) {
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(cfg.BootstrapServers...),
+	opts, err := brokerconn.KafkaOptions(cfg.BootstrapServers, cfg.SASL, cfg.TLS, nil, brokerconn.Kafka{})
+	if err != nil {
+		return nil, err
+	}
+	return append(opts,
 		kgo.ConsumerGroup(cfg.ConsumerGroup),
 		kgo.ConsumeTopics(cfg.Topics...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.WithLogger(kgoLogger{log}),
-	}
-	auth, err := AuthOptions(cfg.SASL, cfg.TLS)
-	if err != nil {
-		return nil, err
-	}
-	return append(opts, auth...), nil
-}
-
-// AuthOptions are the client options for SASL and TLS (either may be nil),
-// shared with the outbox relay's producer.
-func AuthOptions(s *config.SASL, t *config.TLS) ([]kgo.Opt, error) {
-	var opts []kgo.Opt
-	if s != nil {
-		m, err := mechanism(s)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, kgo.SASL(m))
-	}
-	tc, err := t.ClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	if tc != nil {
-		opts = append(opts, kgo.DialTLSConfig(tc))
-	}
-	return opts, nil
-}
-
-// mechanism reads the SASL credentials from the environment variables the
-// config names.
-func mechanism(c *config.SASL) (sasl.Mechanism, error) {
-	user, pass := os.Getenv(c.UsernameEnv), os.Getenv(c.PasswordEnv)
-	if user == "" || pass == "" {
-		return nil, fmt.Errorf("environment variables %s and %s (Kafka SASL credentials) must both be set", c.UsernameEnv, c.PasswordEnv)
-	}
-	switch strings.ToUpper(c.Mechanism) {
-	case "PLAIN":
-		return plain.Auth{User: user, Pass: pass}.AsMechanism(), nil
-	case "SCRAM-SHA-256":
-		return scram.Auth{User: user, Pass: pass}.AsSha256Mechanism(), nil
-	case "SCRAM-SHA-512":
-		return scram.Auth{User: user, Pass: pass}.AsSha512Mechanism(), nil
-	}
-	return nil, fmt.Errorf("unsupported Kafka SASL mechanism %q (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", c.Mechanism)
+	), nil
 }
 
 // Fetch polls up to maxN records, waiting at most maxWait.

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	"github.com/idempotency-dev/idc-operator/runtime/source/sourcetest"
@@ -262,20 +263,20 @@ func TestSASL(t *testing.T) {
 	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		t.Run(mech, func(t *testing.T) {
 			f := newFixture(t, 1, kfake.EnableSASL(), kfake.Superuser(mech, "idc", "s3cret"))
-			m, err := mechanism(&config.SASL{Mechanism: mech, UsernameEnv: "IDC_TEST_KAFKA_USER", PasswordEnv: "IDC_TEST_KAFKA_PASS"})
-			if err == nil || m != nil {
-				t.Fatal("mechanism accepted unset environment variables")
+			sasl := &config.SASL{Mechanism: mech, UsernameEnv: "IDC_TEST_KAFKA_USER", PasswordEnv: "IDC_TEST_KAFKA_PASS"}
+			if opts, err := brokerconn.KafkaOptions(f.cluster.ListenAddrs(), sasl, nil, nil, brokerconn.Kafka{}); err == nil || opts != nil {
+				t.Fatal("the SASL options accepted unset environment variables")
 			}
 			t.Setenv("IDC_TEST_KAFKA_USER", "idc")
 			t.Setenv("IDC_TEST_KAFKA_PASS", "s3cret")
-			m, err = mechanism(&config.SASL{Mechanism: mech, UsernameEnv: "IDC_TEST_KAFKA_USER", PasswordEnv: "IDC_TEST_KAFKA_PASS"})
+			opts, err := brokerconn.KafkaOptions(f.cluster.ListenAddrs(), sasl, nil, nil, brokerconn.Kafka{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			f.clientOpts = []kgo.Opt{kgo.SASL(m)}
+			f.clientOpts = opts
 			f.publish(t, []sourcetest.Outgoing{{ID: "a", Body: []byte("1")}})
 			cfg := f.cfg()
-			cfg.SASL = &config.SASL{Mechanism: mech, UsernameEnv: "IDC_TEST_KAFKA_USER", PasswordEnv: "IDC_TEST_KAFKA_PASS"}
+			cfg.SASL = sasl
 			s := newSource(t, cfg)
 			defer s.Close()
 			if err := s.Ack(t.Context(), fetchN(t, s, 1)); err != nil {

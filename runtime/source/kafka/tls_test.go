@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source/sourcetest"
 )
@@ -54,7 +55,7 @@ func TestTLS(t *testing.T) {
 	cert, caPEM := selfSigned(t)
 	f := newFixture(t, 1, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}))
 	t.Setenv("IDC_TEST_KAFKA_CA", caPEM)
-	tc, err := (&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}).ClientConfig()
+	tc, err := brokerconn.TLSConfig(&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal("New trusted an unknown CA")
 	}
 	t.Setenv("IDC_TEST_KAFKA_CA", "not pem")
-	if _, err := (&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}).ClientConfig(); err == nil {
+	if _, err := brokerconn.TLSConfig(&config.TLS{CAEnv: "IDC_TEST_KAFKA_CA"}, nil); err == nil {
 		t.Fatal("tlsConfig accepted a CA variable without PEM")
 	}
 }

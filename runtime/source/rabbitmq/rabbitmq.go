@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -117,26 +117,15 @@ func New(_ context.Context, cfg *config.RabbitMQ, logger logr.Logger, opts ...Op
 }
 
 func (s *Source) connect() (*session, error) {
-	uri := os.Getenv(s.cfg.URIEnv)
-	if uri == "" {
-		return nil, fmt.Errorf("environment variable %s (AMQP URI) is empty", s.cfg.URIEnv)
-	}
-	if _, err := amqp.ParseURI(uri); err != nil {
-		// The parse error may quote the URI and its password: not wrapped.
-		return nil, fmt.Errorf("environment variable %s does not hold a valid amqp:// or amqps:// URI", s.cfg.URIEnv)
-	}
-	tc, err := s.cfg.TLS.ClientConfig()
+	uri, _, err := brokerconn.AMQPURI(s.cfg.URIEnv, nil)
 	if err != nil {
 		return nil, err
 	}
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(s.opts.connectionName)
-	conn, err := amqp.DialConfig(uri, amqp.Config{
-		Heartbeat:       s.opts.heartbeat,
-		TLSClientConfig: tc,
-		Properties:      props,
-		Dial:            amqp.DefaultDial(30 * time.Second),
-	})
+	dial, err := brokerconn.AMQPConfig(s.cfg.TLS, nil, brokerconn.AMQP{ConnectionName: s.opts.connectionName, Heartbeat: s.opts.heartbeat})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := amqp.DialConfig(uri, dial)
 	if err != nil {
 		return nil, fmt.Errorf("while connecting to RabbitMQ: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -61,7 +62,7 @@ func New(ctx context.Context, cfg *config.RedisStreams, logger logr.Logger, opts
 	if err != nil {
 		return nil, err
 	}
-	ropts, err := clientOptions(cfg)
+	ropts, err := brokerconn.RedisOptions(cfg.Address, cfg.PasswordEnv, cfg.TLS, nil, brokerconn.Redis{})
 	if err != nil {
 		return nil, err
 	}
@@ -101,22 +102,6 @@ func resolveOptions(opts []Option) (options, error) {
 		}
 		o.consumer = host
 	}
-	return o, nil
-}
-
-func clientOptions(cfg *config.RedisStreams) (*redis.Options, error) {
-	o := &redis.Options{Addr: cfg.Address}
-	if cfg.PasswordEnv != "" {
-		o.Password = os.Getenv(cfg.PasswordEnv)
-		if o.Password == "" {
-			return nil, fmt.Errorf("environment variable %s (Redis password) is empty", cfg.PasswordEnv)
-		}
-	}
-	tc, err := cfg.TLS.ClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	o.TLSConfig = tc
 	return o, nil
 }
 
