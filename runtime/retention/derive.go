@@ -2,8 +2,6 @@ package retention
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -92,33 +90,4 @@ func redactURL(raw string) string {
 		return "<unparsable URL>"
 	}
 	return u.Redacted()
-}
-
-// tlsConfig builds a client TLS configuration from PEM data held in the
-// environment variables the config names; nil for a nil block. It is the
-// adapters' tlsConfig with an injected getenv.
-func tlsConfig(c *config.TLS, getenv Getenv) (*tls.Config, error) {
-	if c == nil {
-		return nil, nil
-	}
-	out := &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		// The user opts into this explicitly in the IdempotentConsumer.
-		InsecureSkipVerify: c.InsecureSkipVerify, //nolint:gosec // explicit opt-in
-	}
-	if c.CAEnv != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(getenv(c.CAEnv))) {
-			return nil, fmt.Errorf("environment variable %s (TLS CA) holds no PEM certificate", c.CAEnv)
-		}
-		out.RootCAs = pool
-	}
-	if c.CertEnv != "" || c.KeyEnv != "" {
-		cert, err := tls.X509KeyPair([]byte(getenv(c.CertEnv)), []byte(getenv(c.KeyEnv)))
-		if err != nil {
-			return nil, fmt.Errorf("while loading the TLS client certificate from %s and %s: %w", c.CertEnv, c.KeyEnv, err)
-		}
-		out.Certificates = []tls.Certificate{cert}
-	}
-	return out, nil
 }

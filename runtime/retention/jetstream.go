@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -54,22 +55,7 @@ func (j *jetStreamInspector) Inspect(ctx context.Context) (Observation, error) {
 }
 
 func (j *jetStreamInspector) options() ([]nats.Option, error) {
-	opts := []nats.Option{nats.Name("idc-retention"), nats.NoReconnect(), nats.Timeout(5 * time.Second)}
-	if j.cfg.CredentialsEnv != "" {
-		creds := j.getenv(j.cfg.CredentialsEnv)
-		if creds == "" {
-			return nil, fmt.Errorf("environment variable %s (NATS credentials) is empty", j.cfg.CredentialsEnv)
-		}
-		opts = append(opts, nats.UserCredentialBytes([]byte(creds)))
-	}
-	tc, err := tlsConfig(j.cfg.TLS, j.getenv)
-	if err != nil {
-		return nil, err
-	}
-	if tc != nil {
-		opts = append(opts, nats.Secure(tc))
-	}
-	return opts, nil
+	return brokerconn.NATSOptions(j.cfg.CredentialsEnv, j.cfg.TLS, j.getenv, brokerconn.NATS{Name: "idc-retention", Timeout: 5 * time.Second})
 }
 
 func (j *jetStreamInspector) stream(ctx context.Context, js jetstream.JetStream) (jetstream.StreamConfig, error) {

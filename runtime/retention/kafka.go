@@ -13,10 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -61,42 +59,8 @@ func (k *kafkaInspector) Inspect(ctx context.Context) (Observation, error) {
 }
 
 func (k *kafkaInspector) options() ([]kgo.Opt, error) {
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(k.cfg.BootstrapServers...),
-		kgo.ClientID("idc-retention"),
-		kgo.DialTimeout(5 * time.Second),
-	}
-	if k.cfg.SASL != nil {
-		m, err := kafkaMechanism(k.cfg.SASL, k.getenv)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, kgo.SASL(m))
-	}
-	tc, err := tlsConfig(k.cfg.TLS, k.getenv)
-	if err != nil {
-		return nil, err
-	}
-	if tc != nil {
-		opts = append(opts, kgo.DialTLSConfig(tc))
-	}
-	return opts, nil
-}
-
-func kafkaMechanism(c *config.SASL, getenv Getenv) (sasl.Mechanism, error) {
-	user, pass := getenv(c.UsernameEnv), getenv(c.PasswordEnv)
-	if user == "" || pass == "" {
-		return nil, fmt.Errorf("environment variables %s and %s (Kafka SASL credentials) must both be set", c.UsernameEnv, c.PasswordEnv)
-	}
-	switch strings.ToUpper(c.Mechanism) {
-	case "PLAIN":
-		return plain.Auth{User: user, Pass: pass}.AsMechanism(), nil
-	case "SCRAM-SHA-256":
-		return scram.Auth{User: user, Pass: pass}.AsSha256Mechanism(), nil
-	case "SCRAM-SHA-512":
-		return scram.Auth{User: user, Pass: pass}.AsSha512Mechanism(), nil
-	}
-	return nil, fmt.Errorf("unsupported Kafka SASL mechanism %q (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)", c.Mechanism)
+	return brokerconn.KafkaOptions(k.cfg.BootstrapServers, k.cfg.SASL, k.cfg.TLS, k.getenv,
+		brokerconn.Kafka{ClientID: "idc-retention", DialTimeout: 5 * time.Second})
 }
 
 // kafkaRequestError: a Kafka error code (authorization, …) is an answer; any

@@ -19,7 +19,7 @@ func (r *rabbitInspector) lag(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	api, _, err := r.api(uri)
+	api, err := r.api(uri)
 	if err != nil {
 		return 0, err
 	}

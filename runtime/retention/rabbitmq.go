@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -37,9 +37,7 @@ type rabbitInspector struct {
 
 // rabbitAPI is an authenticated management API client.
 type rabbitAPI struct {
-	base       string
-	user, pass string
-	client     *http.Client
+	*brokerconn.Management
 }
 
 // rabbitQueue is the part of GET /api/queues/{vhost}/{name} that matters.
@@ -60,7 +58,7 @@ func (r *rabbitInspector) Inspect(ctx context.Context) (Observation, error) {
 	if err != nil {
 		return Observation{}, err
 	}
-	api, origin, err := r.api(uri)
+	api, err := r.api(uri)
 	if err != nil {
 		return Observation{}, err
 	}
@@ -74,59 +72,34 @@ func (r *rabbitInspector) Inspect(ctx context.Context) (Observation, error) {
 		return Observation{}, err
 	}
 	obs := rabbitObservation(q, s)
-	obs.Info = append(obs.Info, "read over the management API at "+redactURL(api.base)+" ("+origin+")")
+	obs.Info = append(obs.Info, "read over the management API at "+redactURL(api.Base)+" ("+api.Origin+")")
 	return obs, nil
 }
 
 func (r *rabbitInspector) uri() (amqp.URI, error) {
-	raw := r.getenv(r.cfg.URIEnv)
-	if raw == "" {
-		return amqp.URI{}, fmt.Errorf("environment variable %s (RabbitMQ URI) is empty", r.cfg.URIEnv)
-	}
-	uri, err := amqp.ParseURI(raw)
-	if err != nil {
-		// The parser's message can quote the URI, password included.
-		return amqp.URI{}, fmt.Errorf("environment variable %s does not hold a valid amqp:// or amqps:// URI", r.cfg.URIEnv)
-	}
-	return uri, nil
+	_, uri, err := brokerconn.AMQPURI(r.cfg.URIEnv, r.getenv)
+	return uri, err
 }
 
 // api returns the management API client: config managementURL, or the AMQP
 // host on the management plugin's default port.
-func (r *rabbitInspector) api(uri amqp.URI) (*rabbitAPI, string, error) {
-	base, origin := r.cfg.ManagementURL, "spec: managementURL"
-	if base == "" {
-		scheme, port := "http", 15672
-		if uri.Scheme == "amqps" {
-			scheme, port = "https", 15671
-		}
-		base = scheme + "://" + net.JoinHostPort(uri.Host, strconv.Itoa(port))
-		origin = "derived from the AMQP host; managementURL unset"
-	}
-	tc, err := tlsConfig(r.cfg.TLS, r.getenv)
+func (r *rabbitInspector) api(uri amqp.URI) (*rabbitAPI, error) {
+	m, err := brokerconn.NewManagement(r.cfg.ManagementURL, uri, r.cfg.TLS, r.getenv, nil)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = tc
-	return &rabbitAPI{
-		base:   strings.TrimRight(base, "/"),
-		user:   uri.Username,
-		pass:   uri.Password,
-		client: &http.Client{Transport: tr, Timeout: 10 * time.Second},
-	}, origin, nil
+	return &rabbitAPI{m}, nil
 }
 
 // errHTTPNotFound marks a 404 from the management API.
 var errHTTPNotFound = errors.New("HTTP 404 Not Found")
 
 func (a *rabbitAPI) get(ctx context.Context, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+path, nil)
+	req, err := a.NewRequest(ctx, path)
 	if err != nil {
-		return fmt.Errorf("while building the management API request: %w", err)
+		return err
 	}
-	req.SetBasicAuth(a.user, a.pass)
-	resp, err := a.client.Do(req)
+	resp, err := a.Do(req)
 	if err != nil {
 		// The URL in the error carries no credentials: they are in a header.
 		return unreachable("calling the RabbitMQ management API", err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -65,19 +66,8 @@ func redisObservation(cfg *config.RedisStreams, oldest string) Observation {
 }
 
 func (r *redisInspector) options() (*redis.Options, error) {
-	o := &redis.Options{Addr: r.cfg.Address, DialTimeout: 5 * time.Second, MaxRetries: 1, DialerRetries: 2}
-	if r.cfg.PasswordEnv != "" {
-		o.Password = r.getenv(r.cfg.PasswordEnv)
-		if o.Password == "" {
-			return nil, fmt.Errorf("environment variable %s (Redis password) is empty", r.cfg.PasswordEnv)
-		}
-	}
-	tc, err := tlsConfig(r.cfg.TLS, r.getenv)
-	if err != nil {
-		return nil, err
-	}
-	o.TLSConfig = tc
-	return o, nil
+	return brokerconn.RedisOptions(r.cfg.Address, r.cfg.PasswordEnv, r.cfg.TLS, r.getenv,
+		brokerconn.Redis{DialTimeout: 5 * time.Second, MaxRetries: 1, DialerRetries: 2})
 }
 
 func (r *redisInspector) describe(info *redis.XInfoStream) string {

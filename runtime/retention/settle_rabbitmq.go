@@ -32,7 +32,7 @@ func (r *rabbitInspector) settle(ctx context.Context) (Settlement, error) {
 	if err != nil {
 		return Settlement{}, err
 	}
-	api, _, err := r.api(uri)
+	api, err := r.api(uri)
 	if err != nil {
 		return Settlement{}, err
 	}
