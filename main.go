@@ -15,7 +15,6 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -37,8 +36,9 @@ func run() error {
 	var (
 		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
 		leaderElect, secureMetrics, enableHTTP2               bool
-		retentionPeriod                                       time.Duration
-		maxConcurrent                                         int
+		retentionPeriod, dropTimeout                          time.Duration
+		maxConcurrent, apiBurst                               int
+		apiQPS                                                float64
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "Address of the metrics endpoint (:8443 for HTTPS, :8080 for HTTP, 0 to disable).")
 	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization.")
@@ -49,6 +49,9 @@ func run() error {
 	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
+	flag.DurationVar(&dropTimeout, "drop-timeout", 10*time.Minute, "How long a deletion with deletionPolicy Delete retries an unreachable sink database before it leaves the tables in place (with a Warning event) and lets the resource go.")
+	flag.Float64Var(&apiQPS, "kube-api-qps", 50, "Requests per second the manager may send to the Kubernetes API server.")
+	flag.IntVar(&apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)
@@ -79,15 +82,19 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	cacheOpts := cache.Options{DefaultNamespaces: namespaces}
+	restCfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	restCfg.QPS, restCfg.Burst = float32(apiQPS), apiBurst
 
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsOpts,
 		HealthProbeBindAddress: probeAddr,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "idc-operator.messaging.idempotency.dev",
-		Cache:                  cacheOpts,
+		Cache:                  controllers.CacheOptions(namespaces),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
@@ -96,6 +103,7 @@ func run() error {
 		RuntimeImage:    runtimeImage,
 		RetentionPeriod: retentionPeriod,
 		MaxConcurrent:   maxConcurrent,
+		DropTimeout:     dropTimeout,
 	})
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the controller: %w", err)

@@ -11,23 +11,25 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
-// readLastPrune copies the latest prune run recorded in the database into
+// lastPrunePhase copies the latest prune run recorded in the database into
 // status.lastPrune and, when that run was held back by the consumer's
 // progress, says so in PruneScheduled (and so in Ready's reason) and in
 // idc_prune_held_back_seconds. Reading it is informational: a failure is
 // logged, not fatal.
-func (r *Reconciler) readLastPrune(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) {
-	run, err := r.opts.Inbox.LastPrune(ctx, secrets.getenv(envPostgresDSN), rc.Config.Sink)
+func (r *Reconciler) lastPrunePhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	idc, obs := s.idc, &s.obs
+	run, err := r.opts.Sink.LastPrune(ctx, s.target())
 	if err != nil {
-		_, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
+		_, msg := classifyDBError(idc, err)
 		log.FromContext(ctx).Info("could not read the last prune run", "reason", msg)
-		return
+		return ctrl.Result{}, nil
 	}
 	idc.Status.LastPrune = lastPruneStatus(run)
 	held := heldBackSeconds(idc.Status.LastPrune, r.opts.Clock.Now())
@@ -37,6 +39,7 @@ func (r *Reconciler) readLastPrune(ctx context.Context, idc *messagingv1alpha1.I
 			"the last prune run (%s) kept ids its window would have deleted: %s",
 			idc.Status.LastPrune.Time.UTC().Format(time.RFC3339), idc.Status.LastPrune.HeldBack))
 	}
+	return ctrl.Result{}, nil
 }
 
 // pruneHeldBack is how long pruning has been held back by the consumer's
@@ -106,4 +109,7 @@ func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructur
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
 	brokerLimitTooSmall.Describe(ch)
 	pruneHeldBack.Describe(ch)
+	brokerReads.Describe(ch)
+	statusPatches.Describe(ch)
+	childApplies.Describe(ch)
 }

@@ -5,45 +5,28 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
-// OutboxReader reads the backlog of an inbox's outbox; PostgresInbox
-// implements it. An InboxClient without it leaves status.outbox empty.
-type OutboxReader interface {
-	OutboxStats(ctx context.Context, dsn string, sink config.Sink) (inbox.OutboxStats, error)
-}
-
-// OutboxStats implements OutboxReader.
-func (p *PostgresInbox) OutboxStats(ctx context.Context, dsn string, sink config.Sink) (inbox.OutboxStats, error) {
-	var st inbox.OutboxStats
-	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
-		var err error
-		st, err = s.OutboxStats(ctx)
-		return err
-	})
-	return st, err
-}
-
-// readOutbox fills status.outbox for a resource with spec.emit. It is
+// outboxPhase fills status.outbox for a resource with spec.emit. It is
 // informational: a failure is logged and keeps the last value.
-func (r *Reconciler) readOutbox(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets) {
-	reader, ok := r.opts.Inbox.(OutboxReader)
-	if !ok || !rc.Config.UsesOutbox() {
-		idc.Status.Outbox = nil
-		return
+func (r *Reconciler) outboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if !s.rc.Config.UsesOutbox() {
+		s.idc.Status.Outbox = nil
+		return ctrl.Result{}, nil
 	}
-	st, err := reader.OutboxStats(ctx, secrets.getenv(envPostgresDSN), rc.Config.Sink)
+	st, err := r.opts.Sink.OutboxStats(ctx, s.target())
 	if err != nil {
-		_, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
+		_, msg := classifyDBError(s.idc, err)
 		log.FromContext(ctx).Info("could not read the outbox backlog", "reason", msg)
-		return
+		return ctrl.Result{}, nil
 	}
-	idc.Status.Outbox = outboxStatus(st)
+	s.idc.Status.Outbox = outboxStatus(st)
+	return ctrl.Result{}, nil
 }
 
 // outboxStatus is status.outbox for a backlog, the age in whole seconds.

@@ -12,13 +12,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -40,23 +40,6 @@ const (
 // redriveReasonClasses are the values the reason annotation accepts (the
 // dead-letter reason classes).
 var redriveReasonClasses = inbox.DeadLetterClasses
-
-// RedriveReader reads what a redrive run recorded; PostgresInbox implements
-// it. An InboxClient without it leaves the counts of status.lastRedrive at 0.
-type RedriveReader interface {
-	RedriveSummary(ctx context.Context, dsn string, sink config.Sink, run string) (inbox.RedriveSummary, error)
-}
-
-// RedriveSummary implements RedriveReader.
-func (p *PostgresInbox) RedriveSummary(ctx context.Context, dsn string, sink config.Sink, run string) (inbox.RedriveSummary, error) {
-	var sum inbox.RedriveSummary
-	err := p.with(ctx, dsn, sink, func(ctx context.Context, s *inbox.Store) error {
-		var err error
-		sum, err = s.RedriveSummary(ctx, run)
-		return err
-	})
-	return sum, err
-}
 
 func tokenHash(token string) string {
 	sum := sha256.Sum256([]byte(token))
@@ -130,7 +113,12 @@ func redriveStatusFromSummary(st *messagingv1alpha1.RedriveRunStatus, sum inbox.
 // token, never two at once for one resource. status.lastRedrive remembers
 // the token from the moment its Job is created, so a Job deleted after it
 // finished is never run again.
-func (r *Reconciler) reconcileRedrive(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, image string) error {
+func (r *Reconciler) redrivePhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	return ctrl.Result{}, r.reconcileRedrive(ctx, s, runtimeImageFor(s.idc, r.opts.RuntimeImage))
+}
+
+func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image string) error {
+	idc, rc, secrets := s.idc, s.rc, s.secrets
 	var list batchv1.JobList
 	if err := r.client.List(ctx, &list, client.InNamespace(idc.Namespace), client.MatchingLabels{
 		"app.kubernetes.io/instance": idc.Name, "app.kubernetes.io/component": componentRedrive,
@@ -162,7 +150,7 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, idc *messagingv1alpha
 			idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: t, Phase: messagingv1alpha1.RedriveRunning, Job: adopt.Name}
 		}
 	}
-	if err := r.finishRedrive(ctx, idc, rc, secrets, jobs); err != nil {
+	if err := r.finishRedrive(ctx, s, jobs); err != nil {
 		return err
 	}
 	if token == "" || (idc.Status.LastRedrive != nil && idc.Status.LastRedrive.Token == token) || active != nil {
@@ -196,7 +184,8 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, idc *messagingv1alpha
 
 // finishRedrive fills status.lastRedrive once its Job ended: the counts
 // from <inbox>_redrives and an event.
-func (r *Reconciler) finishRedrive(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, jobs map[string]*batchv1.Job) error {
+func (r *Reconciler) finishRedrive(ctx context.Context, s *scope, jobs map[string]*batchv1.Job) error {
+	idc := s.idc
 	st := idc.Status.LastRedrive
 	if st == nil || st.Phase != messagingv1alpha1.RedriveRunning {
 		return nil
@@ -214,14 +203,12 @@ func (r *Reconciler) finishRedrive(ctx context.Context, idc *messagingv1alpha1.I
 		return nil
 	}
 	next := st.DeepCopy()
-	if rr, ok := r.opts.Inbox.(RedriveReader); ok {
-		sum, err := rr.RedriveSummary(ctx, secrets.getenv(envPostgresDSN), rc.Config.Sink, st.Token)
-		if err != nil {
-			_, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
-			return fmt.Errorf("reading redrive %q: %s", st.Token, msg)
-		}
-		redriveStatusFromSummary(next, sum)
+	sum, err := r.opts.Sink.RedriveSummary(ctx, s.target(), st.Token)
+	if err != nil {
+		_, msg := classifyDBError(idc, err)
+		return fmt.Errorf("reading redrive %q: %s", st.Token, msg)
 	}
+	redriveStatusFromSummary(next, sum)
 	finished := metav1.NewTime(r.opts.Clock.Now().UTC())
 	if t := j.Status.CompletionTime; t != nil {
 		finished = *t

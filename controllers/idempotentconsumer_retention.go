@@ -7,83 +7,85 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
-// RetentionDeriver derives the retention window from the broker's live
-// settings (or the spec, for Explicit mode).
-type RetentionDeriver interface {
-	Derive(ctx context.Context, cfg *config.Config, getenv func(string) string, now time.Time) (retention.Result, error)
-}
-
-// BrokerRetention is the RetentionDeriver on runtime/retention, the same code
-// the prune job runs.
-type BrokerRetention struct{}
-
-// Derive implements RetentionDeriver.
-func (BrokerRetention) Derive(ctx context.Context, cfg *config.Config, getenv func(string) string, now time.Time) (retention.Result, error) {
-	return retention.Derive(ctx, cfg, getenv, now)
-}
-
-// reconcileRetention resolves the window in force and returns it (0 when
-// unresolved: pruning is then suspended). A window that grows applies at
-// once; one that shrinks waits until the old window has elapsed. The state
-// that rule needs (window in force, pending shrink and since when) is kept
-// in the inbox database, beside the data, and adopted there through the
-// same function the prune job calls; status is a projection of it, so a
-// resource re-created or restored without status still waits out the old
-// window. When the broker cannot be read the last window stays in force,
-// never a smaller one.
-func (r *Reconciler) reconcileRetention(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) time.Duration {
+// retentionPhase resolves the window in force from the broker reading
+// (s.window; 0 when unresolved: pruning is then suspended). A window that
+// grows applies at once; one that shrinks waits until the old window has
+// elapsed. The state that rule needs (window in force, pending shrink and
+// since when) is kept in the inbox database, beside the data, and adopted
+// there through the same function the prune job calls; status is a
+// projection of it, so a resource re-created or restored without status
+// still waits out the old window. When the broker cannot be read the last
+// window stays in force, never a smaller one.
+func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	now := r.opts.Clock.Now()
-	dsn, sink := secrets.getenv(envPostgresDSN), rc.Config.Sink
-	derived, err := r.opts.Retention.Derive(ctx, rc.Config, secrets.getenv, now)
-	observeBrokerLimits(idc, rc.Config, derived.Limits, obs)
+	derived, err := s.reading.reading.Result, s.reading.err
 	switch {
 	case errors.Is(err, retention.ErrUnboundedReplay):
 		// The stored state is left as it is: should replay become bounded
 		// with a smaller window, that one still waits out the stored one.
 		msg := fmt.Sprintf("the broker can replay without bound (%s); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile", derived.DerivedFrom)
-		obs.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
-		obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
-		idc.Status.Retention = retentionStatus(derived, now)
-		idc.Status.Retention.Window = ""
-		return 0
+		s.obs.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+		s.obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+		s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, retentionStatus(derived, s.reading.at))
+		s.idc.Status.Retention.Window = ""
+		s.window = 0
+		return ctrl.Result{}, nil
 	case err != nil:
-		return r.keepRetention(ctx, idc, dsn, sink, err, obs)
+		s.window = r.keepRetention(ctx, s, err)
+		return ctrl.Result{}, nil
 	}
-	next, pending, dbErr := r.opts.Inbox.AdoptWindow(ctx, dsn, sink, derived, now)
+	next, pending, dbErr := r.opts.Sink.AdoptWindow(ctx, s.target(), derived, now)
 	if dbErr != nil {
-		// The inbox was reachable a moment ago (reconcileInbox); rather than
+		// The inbox was reachable a moment ago (inboxPhase); rather than
 		// leave the window unresolved, fall back on status, which cannot
 		// see a shrink the stored state may still be waiting out, so it
 		// adopts nothing smaller than it shows until the database answers.
-		next, pending = adoptWithoutStore(appliedFromStatus(idc.Status.Retention), derived, now)
+		next, pending = adoptWithoutStore(appliedFromStatus(s.idc.Status.Retention), derived, now)
 		if !pending {
-			idc.Status.Retention = retentionStatus(next.InForce, now)
+			s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, retentionStatus(next.InForce, s.reading.at))
 		} else {
-			idc.Status.Retention.PendingWindow = retention.FormatDuration(next.Pending.Window)
-			idc.Status.Retention.PendingSince = &metav1.Time{Time: next.ShrinkObservedAt}
+			s.idc.Status.Retention.PendingWindow = retention.FormatDuration(next.Pending.Window)
+			s.idc.Status.Retention.PendingSince = &metav1.Time{Time: next.ShrinkObservedAt}
 		}
-		obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending)+
-			fmt.Sprintf("; the window state in the inbox database could not be updated (%s), so no smaller window is adopted until it can", redact(dbErr.Error())))
-		return next.InForce.Window
+		s.obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending)+
+			fmt.Sprintf("; the window state in the inbox database could not be updated (%s), so no smaller window is adopted until it can", sinkdb.Redact(dbErr.Error())))
+		s.window = next.InForce.Window
+		return ctrl.Result{}, nil
 	}
-	idc.Status.Retention = projectRetention(next, now)
-	obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending))
-	return next.InForce.Window
+	s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, projectRetention(next, s.reading.at))
+	s.obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending))
+	s.window = next.InForce.Window
+	return ctrl.Result{}, nil
+}
+
+// keepObservedAt keeps the observedAt of a status that shows the same
+// inputs and window: observedAt is when the broker first reported the
+// inputs as they are now, so reading an unchanged broker writes nothing.
+func keepObservedAt(was, now *messagingv1alpha1.RetentionStatus) *messagingv1alpha1.RetentionStatus {
+	if was == nil || now == nil || was.ObservedAt == nil || now.ObservedAt == nil {
+		return now
+	}
+	if was.InputsHash == now.InputsHash && was.Window == now.Window && was.DerivedFrom == now.DerivedFrom {
+		now.ObservedAt = was.ObservedAt
+	}
+	return now
 }
 
 // keepRetention handles a broker that cannot be read: the stored window
 // stays in force (status's when none is stored or the database cannot be
 // read), and status's when it is the larger: a window never shrinks
 // without the broker saying so and the old window having elapsed.
-func (r *Reconciler) keepRetention(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, dsn string, sink config.Sink, deriveErr error, obs *observation) time.Duration {
+func (r *Reconciler) keepRetention(ctx context.Context, s *scope, deriveErr error) time.Duration {
+	idc := s.idc
 	current := appliedFromStatus(idc.Status.Retention)
-	stored, err := r.opts.Inbox.StoredWindow(ctx, dsn, sink)
+	stored, err := r.opts.Sink.StoredWindow(ctx, s.target())
 	if err == nil && stored != nil && (current == nil || stored.InForce.Window >= current.InForce.Window) {
 		// The inputs were not read now: observedAt stays when they last were.
 		var observedAt time.Time
@@ -97,7 +99,7 @@ func (r *Reconciler) keepRetention(ctx context.Context, idc *messagingv1alpha1.I
 	if current != nil {
 		kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
 	}
-	obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %v; %s", deriveErr, kept))
+	s.obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %v; %s", deriveErr, kept))
 	if current == nil {
 		return 0
 	}

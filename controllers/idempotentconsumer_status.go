@@ -14,6 +14,9 @@ import (
 type outcome struct {
 	reached bool
 	ok      bool
+	// unknown: the phase ran but could not tell (the condition is Unknown
+	// with the reason, e.g. BrokerLimits while the broker is not read).
+	unknown bool
 	reason  string
 	message string
 }
@@ -24,6 +27,10 @@ func okOutcome(reason, message string) outcome {
 
 func failed(reason, message string) outcome {
 	return outcome{reached: true, reason: reason, message: message}
+}
+
+func unknown(reason, message string) outcome {
+	return outcome{reached: true, unknown: true, reason: reason, message: message}
 }
 
 // observation collects what a reconcile pass saw.
@@ -56,6 +63,8 @@ func (o *observation) blocker() outcome {
 func setCondition(idc *messagingv1alpha1.IdempotentConsumer, typ string, o outcome, blocker outcome) {
 	c := metav1.Condition{Type: typ, ObservedGeneration: idc.Generation}
 	switch {
+	case o.reached && o.unknown:
+		c.Status, c.Reason, c.Message = metav1.ConditionUnknown, o.reason, o.message
 	case o.reached:
 		c.Status, c.Reason, c.Message = boolStatus(o.ok), o.reason, o.message
 	case blocker.reached:

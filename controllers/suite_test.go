@@ -130,7 +130,7 @@ var _ = BeforeSuite(func() {
 	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: CacheOptions(nil)})
 	Expect(err).NotTo(HaveOccurred())
 	clk = testclock.NewFakeClock(time.Now())
 	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk,

@@ -17,7 +17,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -94,7 +93,7 @@ func TestNamespacedManagerUnderChartRBAC(t *testing.T) {
 		LeaderElection:          true, // through the chart's leader-election Role
 		LeaderElectionID:        "idc-operator.messaging.idempotency.dev",
 		LeaderElectionNamespace: releaseNS,
-		Cache:                   cache.Options{DefaultNamespaces: namespaces},
+		Cache:                   controllers.CacheOptions(namespaces),
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(controllers.NewReconciler(mgr, controllers.Options{RuntimeImage: "idc-operator:test"}).SetupWithManager(mgr)).To(Succeed())

@@ -1,4 +1,4 @@
-package controllers
+package sinkdb
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,50 +16,17 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 )
 
-// defaultEffectRecheck is how often the effect is checked again while
-// EffectReady is False (with jitter of +-10%, so at most 22s): a migration
-// that creates the table is picked up without anyone touching the resource.
-const defaultEffectRecheck = 20 * time.Second
-
-// EffectChecker checks, read-only, that the sink can take the effect
-// (observe only: it never changes the sink).
-type EffectChecker interface {
-	// Check returns nil when the effect can run, a *EffectProblem when the
-	// sink is not ready for it, and any other error when the check itself
-	// could not run (database unreachable): that one is retried.
-	Check(ctx context.Context, dsn string, cfg *config.Config) error
-}
-
-// EffectProblem is a sink that is not ready for the effect: a reason
-// (messagingv1alpha1.ReasonTableNotFound, ...) and a message that names the
-// table and column and says what to run.
-type EffectProblem struct {
-	Reason  string
-	Message string
-}
-
-func (p *EffectProblem) Error() string { return p.Reason + ": " + p.Message }
-
-func problem(reason, format string, args ...any) *EffectProblem {
-	return &EffectProblem{Reason: reason, Message: fmt.Sprintf(format, args...)}
-}
-
-// PostgresEffect is the EffectChecker on the sink database, sharing the
-// inbox client's pools.
-type PostgresEffect struct {
-	pools *PostgresInbox
-}
-
-// NewPostgresEffect returns an EffectChecker using pools's connections.
-func NewPostgresEffect(pools *PostgresInbox) *PostgresEffect { return &PostgresEffect{pools: pools} }
-
-// Check implements EffectChecker. Everything runs in one READ ONLY
-// transaction that is rolled back.
-func (p *PostgresEffect) Check(ctx context.Context, dsn string, cfg *config.Config) error {
+// CheckEffect checks, read-only, that the sink can take the effect: nil
+// when it can, an *EffectProblem when the sink is not ready for it (the
+// reason and a message that names the table and column and says what to
+// run), any other error when the check itself could not run (database
+// unreachable). Everything runs in one READ ONLY transaction that is
+// rolled back.
+func (c *Client) CheckEffect(ctx context.Context, t Target, cfg *config.Config) error {
 	if cfg.Sink.Effect.HTTP != nil {
 		return nil // nothing of the effect lives in the database
 	}
-	pool, err := p.pools.pool(dsn)
+	pool, err := c.pools.acquire(t.Owner, t.DSN)
 	if err != nil {
 		return err
 	}
@@ -412,70 +378,6 @@ func statementProblem(what string, err error) error {
 		hint = "keep one command per statement (wrap several in a function, or use a CTE)"
 	}
 	return problem(reason, "spec.sink.effect.sql.statement %s: %s (SQLSTATE %s); %s", what, pgErr.Message, pgErr.Code, hint)
-}
-
-// validateSQLParams: the statement's :name parameters and spec params must
-// match both ways. CEL cannot parse SQL, so the controller checks it and
-// stalls with InvalidSpec.
-func validateSQLParams(cfg *config.Config) error {
-	s := cfg.Sink.Effect.SQL
-	if s == nil {
-		return nil
-	}
-	_, names, err := effect.ConvertNamedParams(s.Statement)
-	if err != nil {
-		return fmt.Errorf("spec.sink.effect.sql.statement: %w", err)
-	}
-	for _, n := range names {
-		if _, ok := s.Params[n]; !ok {
-			return fmt.Errorf("spec.sink.effect.sql.statement uses :%s, which is not in spec.sink.effect.sql.params (%s)", n, strings.Join(sortedNames(s.Params), ", "))
-		}
-	}
-	for _, n := range sortedNames(s.Params) {
-		if !slices.Contains(names, n) {
-			return fmt.Errorf("spec.sink.effect.sql.params.%s is not used by the statement (no :%s in spec.sink.effect.sql.statement)", n, n)
-		}
-	}
-	return nil
-}
-
-// reconcileEffect runs the preflight; a problem makes EffectReady False
-// (and holds the Deployment at 0 replicas), an error retries the pass.
-func (r *Reconciler) reconcileEffect(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secrets *resolvedSecrets, obs *observation) error {
-	err := r.opts.Effect.Check(ctx, secrets.getenv(envPostgresDSN), rc.Config)
-	var p *EffectProblem
-	switch {
-	case err == nil:
-		obs.effect = okOutcome(messagingv1alpha1.ReasonReady, effectReadyMessage(rc.Config))
-	case errors.As(err, &p):
-		obs.effect = failed(p.Reason, p.Message)
-	default:
-		reason, msg := classifyDBError(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
-		obs.effect = failed(reason, msg)
-		return fmt.Errorf("checking the effect: %s", msg)
-	}
-	return nil
-}
-
-func effectReadyMessage(cfg *config.Config) string {
-	e := cfg.Sink.Effect
-	switch {
-	case e.Upsert != nil:
-		return fmt.Sprintf("table %s.%s has every mapped column, a unique key on (%s) and the privileges the upsert needs", cfg.Sink.Schema, e.Upsert.Table, strings.Join(e.Upsert.Key, ", "))
-	case e.Append != nil:
-		return fmt.Sprintf("table %s.%s has every mapped column and the privileges the append needs", cfg.Sink.Schema, e.Append.Table)
-	case e.SQL != nil:
-		return "the sql statement prepares with its declared parameters and the role may run it"
-	}
-	return "the http effect has nothing to check in the sink database"
-}
-
-// effectRequeue is the re-check delay while EffectReady is False, else 0.
-func (r *Reconciler) effectRequeue(obs *observation) time.Duration {
-	if !obs.effect.reached || obs.effect.ok {
-		return 0
-	}
-	return jitter(r.opts.EffectRecheck)
 }
 
 func sortedNames(m map[string]string) []string {

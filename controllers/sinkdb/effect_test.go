@@ -1,11 +1,10 @@
-package controllers
+package sinkdb
 
 import (
 	"context"
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -96,8 +95,10 @@ func TestEffectPreflight(t *testing.T) {
 			}
 			pgtest.Exec(t, pool, tc.setup...)
 			cfg := &config.Config{Sink: config.Sink{Schema: "app", InboxTable: "inbox", Effect: tc.effect}}
-			checker := NewPostgresEffect(NewPostgresInbox())
-			err := checker.Check(context.Background(), dsn, cfg)
+			checker := New()
+			t.Cleanup(checker.Pools().Close)
+			target := Target{Owner: "test", DSN: dsn, Sink: cfg.Sink}
+			err := checker.CheckEffect(context.Background(), target, cfg)
 			var p *EffectProblem
 			if !errors.As(err, &p) {
 				t.Fatalf("Check = %v, want an EffectProblem with reason %s", err, tc.reason)
@@ -114,50 +115,14 @@ func TestEffectPreflight(t *testing.T) {
 				return
 			}
 			pgtest.Exec(t, pool, tc.fix...)
-			if err := checker.Check(context.Background(), dsn, cfg); err != nil {
+			if err := checker.CheckEffect(context.Background(), target, cfg); err != nil {
 				t.Fatalf("after the fix: %v", err)
 			}
 			// The check is repeatable on the same pooled connections (the
 			// prepared statement was deallocated).
-			if err := checker.Check(context.Background(), dsn, cfg); err != nil {
+			if err := checker.CheckEffect(context.Background(), target, cfg); err != nil {
 				t.Fatalf("second check after the fix: %v", err)
 			}
 		})
-	}
-}
-
-func TestValidateSQLParams(t *testing.T) {
-	for _, tc := range []struct {
-		stmt   string
-		params map[string]string
-		want   string
-	}{
-		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n", "id": "$.id"}, ""},
-		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n"}, ":id"},
-		{"UPDATE a SET n = 1 WHERE id = :id", map[string]string{"id": "$.id", "extra": "$.x"}, "params.extra"},
-	} {
-		cfg := &config.Config{Sink: config.Sink{Effect: config.Effect{SQL: &config.SQL{Statement: tc.stmt, Params: tc.params}}}}
-		err := validateSQLParams(cfg)
-		switch {
-		case tc.want == "" && err != nil:
-			t.Errorf("%q %v: %v", tc.stmt, tc.params, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%q %v: error %v, want one naming %s", tc.stmt, tc.params, err, tc.want)
-		}
-	}
-}
-
-// While EffectReady is False the pass is re-run within 30s (the default
-// period plus its jitter); once True, only the periodic requeue applies.
-func TestEffectRecheckWithin30s(t *testing.T) {
-	r := &Reconciler{opts: Options{EffectRecheck: defaultEffectRecheck}}
-	notReady := &observation{effect: failed(messagingv1alpha1.ReasonTableNotFound, "missing")}
-	for range 1000 {
-		if d := r.effectRequeue(notReady); d <= 0 || d > 30*time.Second {
-			t.Fatalf("re-check after %s while EffectReady is False, want (0, 30s]", d)
-		}
-	}
-	if d := r.effectRequeue(&observation{effect: okOutcome(messagingv1alpha1.ReasonReady, "ok")}); d != 0 {
-		t.Errorf("re-check after %s while EffectReady is True, want none", d)
 	}
 }

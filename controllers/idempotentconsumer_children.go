@@ -1,0 +1,216 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+)
+
+// childrenPhase applies the ConfigMap, Deployment and CronJob and reads the
+// Deployment's availability. A child of the same name that another owner
+// holds stalls the pass with Conflict: nothing after it runs (no redrive
+// Job is created for a resource whose children are not its own).
+func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	idc, rc := s.idc, s.rc
+	image := runtimeImageFor(idc, r.opts.RuntimeImage)
+	dep := renderDeployment(idc, rc, image, s.secrets.hash)
+	if !s.obs.effect.ok {
+		// Nothing may be fetched until the sink can take the effect.
+		dep.Spec.Replicas = ptr.To(int32(0))
+	}
+	for _, obj := range []client.Object{renderConfigMap(idc, rc), dep, renderCronJob(idc, rc, image, s.secrets.hash, s.window)} {
+		if err := r.apply(ctx, idc, obj); err != nil {
+			var ce *conflictError
+			if errors.As(err, &ce) {
+				s.stall(messagingv1alpha1.ReasonConflict, ce.Error())
+				return ctrl.Result{}, nil
+			}
+			return ctrl.Result{}, err
+		}
+	}
+
+	// The cache may not have seen a Deployment created a moment ago; the
+	// Owns watch brings us back when it does.
+	var live appsv1.Deployment
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(dep), &live); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("reading the Deployment back: %w", err)
+	}
+	idc.Status.Runtime = &messagingv1alpha1.RuntimeStatus{
+		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: selectorFor(idc),
+	}
+	s.obs.runtime = runtimeOutcome(idc, &live)
+	if !s.obs.effect.ok && !idc.Spec.Suspend {
+		s.obs.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect,
+			fmt.Sprintf("the Deployment is held at 0 replicas until EffectReady is True (%s)", s.obs.effect.reason))
+	}
+	s.obs.prune = pruneOutcome(idc, s.window)
+	return ctrl.Result{}, nil
+}
+
+func runtimeOutcome(idc *messagingv1alpha1.IdempotentConsumer, d *appsv1.Deployment) outcome {
+	if idc.Spec.Suspend {
+		return okOutcome(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
+	}
+	if d.ResourceVersion == "" {
+		return failed(messagingv1alpha1.ReasonDeploymentNotReady, "the Deployment was just created; waiting for it to report status")
+	}
+	if ok, msg := deploymentAvailable(d); ok {
+		return okOutcome(messagingv1alpha1.ReasonReady, msg)
+	} else {
+		return failed(messagingv1alpha1.ReasonDeploymentNotReady, msg)
+	}
+}
+
+func pruneOutcome(idc *messagingv1alpha1.IdempotentConsumer, window time.Duration) outcome {
+	if suspended, why := pruneSuspended(idc, window); suspended {
+		reason := messagingv1alpha1.ReasonWaitingForWindow
+		if idc.Spec.Retention.Prune.Suspend {
+			reason = messagingv1alpha1.ReasonPruneSuspended
+		}
+		return failed(reason, "the prune CronJob is suspended: "+why)
+	}
+	return okOutcome(messagingv1alpha1.ReasonScheduled,
+		fmt.Sprintf("prune runs on %q and deletes ids older than %s", idc.Spec.Retention.Prune.Schedule, window))
+}
+
+// conflictError is a child object of the same name that another owner holds.
+type conflictError struct{ kind, name, owner string }
+
+func (e *conflictError) Error() string {
+	return fmt.Sprintf("%s %q exists and is not owned by this IdempotentConsumer (owner: %s); rename or delete it", e.kind, e.name, e.owner)
+}
+
+// appliedChild is what the manager last applied for one child: the
+// rendering's hash and the generation (resourceVersion for objects without
+// one) the API server returned.
+type appliedChild struct {
+	hash    string
+	version string
+}
+
+// appliedChildren remembers, per child, the last apply of this process, so
+// a pass that renders the same child over an unchanged live object sends
+// nothing. A restarted manager applies each child once.
+type appliedChildren struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]map[string]appliedChild // owner -> "Kind/name" -> applied
+}
+
+func newAppliedChildren() *appliedChildren {
+	return &appliedChildren{m: map[types.NamespacedName]map[string]appliedChild{}}
+}
+
+func (a *appliedChildren) get(owner types.NamespacedName, child string) (appliedChild, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.m[owner][child]
+	return c, ok
+}
+
+func (a *appliedChildren) put(owner types.NamespacedName, child string, c appliedChild) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m[owner] == nil {
+		a.m[owner] = map[string]appliedChild{}
+	}
+	a.m[owner][child] = c
+}
+
+func (a *appliedChildren) forget(owner types.NamespacedName) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.m, owner)
+}
+
+// liveVersion is what tells that someone changed a live child: its
+// generation, or its resourceVersion when it has none (a ConfigMap).
+func liveVersion(o client.Object) string {
+	if g := o.GetGeneration(); g != 0 {
+		return fmt.Sprintf("g%d", g)
+	}
+	return "rv" + o.GetResourceVersion()
+}
+
+// apply server-side-applies a rendered child owned by idc, unless this
+// process applied the same rendering to the same live version already. It
+// never applies over an object it could not read, nor over one another
+// owner holds (a conflictError).
+func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, obj client.Object) error {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	if err := controllerutil.SetControllerReference(idc, obj, r.scheme); err != nil {
+		return fmt.Errorf("owning %s %s: %w", gvk.Kind, obj.GetName(), err)
+	}
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return fmt.Errorf("converting %s %s: %w", gvk.Kind, obj.GetName(), err)
+	}
+	un := unstructuredOf(u, gvk)
+	raw, err := json.Marshal(un.Object)
+	if err != nil {
+		return fmt.Errorf("hashing %s %s: %w", gvk.Kind, obj.GetName(), err)
+	}
+	sum := sha256.Sum256(raw)
+	hash := hex.EncodeToString(sum[:12])
+	owner, child := client.ObjectKeyFromObject(idc), gvk.Kind+"/"+obj.GetName()
+
+	existing, err := r.readChild(ctx, obj)
+	if err != nil {
+		return err
+	}
+	if existing != nil {
+		if !metav1.IsControlledBy(existing, idc) {
+			holder := "none"
+			if ref := metav1.GetControllerOf(existing); ref != nil {
+				holder = ref.Kind + "/" + ref.Name
+			}
+			return &conflictError{kind: gvk.Kind, name: obj.GetName(), owner: holder}
+		}
+		if last, ok := r.applied.get(owner, child); ok && last.hash == hash && last.version == liveVersion(existing) {
+			return nil
+		}
+	}
+	childApplies.WithLabelValues(gvk.Kind).Inc()
+	applied := un.DeepCopy()
+	if err := r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), fieldOwner, client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying %s %s: %w", gvk.Kind, obj.GetName(), err)
+	}
+	r.applied.put(owner, child, appliedChild{hash: hash, version: liveVersion(applied)})
+	return nil
+}
+
+// readChild reads a child from the cache and, when the cache does not hold
+// it, from the API server: the cache holds only objects with the
+// operator's managed-by label, so one of the same name that someone else
+// created is seen only there. nil means there is none.
+func (r *Reconciler) readChild(ctx context.Context, obj client.Object) (client.Object, error) {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	existing := obj.DeepCopyObject().(client.Object)
+	err := r.client.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	if apierrors.IsNotFound(err) {
+		err = r.live.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading %s %s before applying it: %w", gvk.Kind, obj.GetName(), err)
+	}
+	return existing, nil
+}

@@ -1,0 +1,160 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/retention"
+)
+
+// defaultEffectRecheck is how often the effect is checked again while
+// EffectReady is False (with jitter of +-10%, so at most 22s): a migration
+// that creates the table is picked up without anyone touching the resource.
+const defaultEffectRecheck = 20 * time.Second
+
+// Provisioner creates and drops a resource's inbox tables and lets go of
+// its connections.
+type Provisioner interface {
+	// Ensure creates the schema and tables idempotently and returns the
+	// schema version now in place.
+	Ensure(ctx context.Context, t sinkdb.Target) (int, error)
+	// Drop drops the tables; dropping what is gone succeeds.
+	Drop(ctx context.Context, t sinkdb.Target) error
+	// Release lets go of the connections an owner used.
+	Release(owner string)
+}
+
+// Preflight checks, read-only, that the sink can take the effect: nil, a
+// *sinkdb.EffectProblem, or an error when the check could not run.
+type Preflight interface {
+	CheckEffect(ctx context.Context, t sinkdb.Target, cfg *config.Config) error
+}
+
+// WindowStore keeps the window state beside the inbox (see
+// retention.AdoptStored).
+type WindowStore interface {
+	AdoptWindow(ctx context.Context, t sinkdb.Target, derived retention.Result, now time.Time) (applied retention.Applied, pendingShrink bool, err error)
+	StoredWindow(ctx context.Context, t sinkdb.Target) (*retention.Applied, error)
+}
+
+// RecordReader reads what the runtime and its jobs recorded in the inbox.
+type RecordReader interface {
+	LastPrune(ctx context.Context, t sinkdb.Target) (*inbox.PruneRun, error)
+	OutboxStats(ctx context.Context, t sinkdb.Target) (inbox.OutboxStats, error)
+	IDConflicts(ctx context.Context, t sinkdb.Target) (int64, error)
+	RedriveSummary(ctx context.Context, t sinkdb.Target, run string) (inbox.RedriveSummary, error)
+}
+
+// SinkDB is the sink database as the reconciler uses it; *sinkdb.Client
+// implements it, the unit tests a fake.
+type SinkDB interface {
+	Provisioner
+	Preflight
+	WindowStore
+	RecordReader
+}
+
+var _ SinkDB = (*sinkdb.Client)(nil)
+
+// classifyDBError is sinkdb.Classify for the resource's connection Secret.
+func classifyDBError(idc *messagingv1alpha1.IdempotentConsumer, err error) (string, string) {
+	return sinkdb.Classify(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
+}
+
+// inboxPhase provisions the inbox; a failure fails the pass (retried).
+func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	version, err := r.opts.Sink.Ensure(ctx, s.target())
+	if err != nil {
+		reason, msg := classifyDBError(s.idc, err)
+		s.obs.inbox = failed(reason, msg)
+		return ctrl.Result{}, fmt.Errorf("provisioning the inbox: %s", msg)
+	}
+	s.idc.Status.Inbox = inboxStatusFor(s.rc.Config, version)
+	s.obs.inbox = okOutcome(messagingv1alpha1.ReasonProvisioned,
+		fmt.Sprintf("inbox %s (layout %s, schema version %d) and its dead-letter and prune-run tables exist", s.idc.Status.Inbox.Table, s.rc.Config.Sink.Layout, version))
+	return ctrl.Result{}, nil
+}
+
+// inboxStatusFor is status.inbox for a provisioned inbox.
+func inboxStatusFor(cfg *config.Config, version int) *messagingv1alpha1.InboxStatus {
+	return &messagingv1alpha1.InboxStatus{
+		Table:         cfg.Sink.Schema + "." + cfg.Sink.InboxTable,
+		Layout:        messagingv1alpha1.InboxLayout(cfg.Sink.Layout),
+		SchemaVersion: int32(version),
+	}
+}
+
+// effectPhase runs the preflight. A problem makes EffectReady False, holds
+// the Deployment at 0 replicas (childrenPhase) and asks for a re-check
+// within EffectRecheck; an error retries the pass.
+func (r *Reconciler) effectPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	err := r.opts.Sink.CheckEffect(ctx, s.target(), s.rc.Config)
+	var p *sinkdb.EffectProblem
+	switch {
+	case err == nil:
+		s.obs.effect = okOutcome(messagingv1alpha1.ReasonReady, effectReadyMessage(s.rc.Config))
+		return ctrl.Result{}, nil
+	case errors.As(err, &p):
+		s.obs.effect = failed(p.Reason, p.Message)
+		return ctrl.Result{RequeueAfter: jitter(r.opts.EffectRecheck)}, nil
+	default:
+		reason, msg := classifyDBError(s.idc, err)
+		s.obs.effect = failed(reason, msg)
+		return ctrl.Result{}, fmt.Errorf("checking the effect: %s", msg)
+	}
+}
+
+func effectReadyMessage(cfg *config.Config) string {
+	e := cfg.Sink.Effect
+	switch {
+	case e.Upsert != nil:
+		return fmt.Sprintf("table %s.%s has every mapped column, a unique key on (%s) and the privileges the upsert needs", cfg.Sink.Schema, e.Upsert.Table, strings.Join(e.Upsert.Key, ", "))
+	case e.Append != nil:
+		return fmt.Sprintf("table %s.%s has every mapped column and the privileges the append needs", cfg.Sink.Schema, e.Append.Table)
+	case e.SQL != nil:
+		return "the sql statement prepares with its declared parameters and the role may run it"
+	}
+	return "the http effect has nothing to check in the sink database"
+}
+
+// validateSQLParams: the statement's :name parameters and spec params must
+// match both ways. CEL cannot parse SQL, so the controller checks it and
+// stalls with InvalidSpec.
+func validateSQLParams(cfg *config.Config) error {
+	s := cfg.Sink.Effect.SQL
+	if s == nil {
+		return nil
+	}
+	_, names, err := effect.ConvertNamedParams(s.Statement)
+	if err != nil {
+		return fmt.Errorf("spec.sink.effect.sql.statement: %w", err)
+	}
+	params := make([]string, 0, len(s.Params))
+	for k := range s.Params {
+		params = append(params, k)
+	}
+	sort.Strings(params)
+	for _, n := range names {
+		if _, ok := s.Params[n]; !ok {
+			return fmt.Errorf("spec.sink.effect.sql.statement uses :%s, which is not in spec.sink.effect.sql.params (%s)", n, strings.Join(params, ", "))
+		}
+	}
+	for _, n := range params {
+		if !slices.Contains(names, n) {
+			return fmt.Errorf("spec.sink.effect.sql.params.%s is not used by the statement (no :%s in spec.sink.effect.sql.statement)", n, n)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,538 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	testclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/retention"
+)
+
+// The phases run here against fakes of the sink database and the broker
+// and controller-runtime's fake client: no cluster, no database. The
+// envtest suites run the same reconciler against a real API server,
+// PostgreSQL and brokers.
+
+// fakeSink is a SinkDB that records calls and answers from its fields.
+type fakeSink struct {
+	mu        sync.Mutex
+	calls     map[string]int
+	ensureErr error
+	effectErr error
+	dropErr   error
+	stored    *retention.Applied
+	released  []string
+}
+
+func (f *fakeSink) called(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.calls == nil {
+		f.calls = map[string]int{}
+	}
+	f.calls[name]++
+}
+
+func (f *fakeSink) count(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[name]
+}
+
+func (f *fakeSink) Ensure(context.Context, sinkdb.Target) (int, error) {
+	f.called("Ensure")
+	return inbox.SchemaVersion, f.ensureErr
+}
+func (f *fakeSink) Drop(context.Context, sinkdb.Target) error { f.called("Drop"); return f.dropErr }
+func (f *fakeSink) Release(owner string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.released = append(f.released, owner)
+}
+func (f *fakeSink) CheckEffect(context.Context, sinkdb.Target, *config.Config) error {
+	f.called("CheckEffect")
+	return f.effectErr
+}
+func (f *fakeSink) AdoptWindow(_ context.Context, _ sinkdb.Target, derived retention.Result, now time.Time) (retention.Applied, bool, error) {
+	f.called("AdoptWindow")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	next, pending := retention.Adopt(f.stored, derived, now)
+	f.stored = &next
+	return next, pending, nil
+}
+func (f *fakeSink) StoredWindow(context.Context, sinkdb.Target) (*retention.Applied, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stored, nil
+}
+func (f *fakeSink) LastPrune(context.Context, sinkdb.Target) (*inbox.PruneRun, error) {
+	return nil, nil
+}
+func (f *fakeSink) OutboxStats(context.Context, sinkdb.Target) (inbox.OutboxStats, error) {
+	return inbox.OutboxStats{}, nil
+}
+func (f *fakeSink) IDConflicts(context.Context, sinkdb.Target) (int64, error) { return 0, nil }
+func (f *fakeSink) RedriveSummary(context.Context, sinkdb.Target, string) (inbox.RedriveSummary, error) {
+	return inbox.RedriveSummary{}, nil
+}
+
+// fakeBroker answers every read with window (or err) and counts reads.
+type fakeBroker struct {
+	mu     sync.Mutex
+	reads  int
+	window time.Duration
+	err    error
+	limits retention.ConsumerLimits
+}
+
+func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string) string, now time.Time) (BrokerReading, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	if f.err != nil {
+		return BrokerReading{}, f.err
+	}
+	lag := int64(7)
+	return BrokerReading{Result: retention.Result{
+		Window: f.window, Source: retention.SourceBroker, DerivedFrom: fmt.Sprintf("max_age=%s (fake)", f.window),
+		InputsHash: fmt.Sprintf("%x", int64(f.window)), ObservedAt: now, Limits: f.limits,
+	}, Lag: &lag}, nil
+}
+
+func (f *fakeBroker) readCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
+}
+
+// harness is a reconciler on fakes with one resource and its Secret.
+type harness struct {
+	t       *testing.T
+	r       *Reconciler
+	c       client.Client
+	sink    *fakeSink
+	broker  *fakeBroker
+	clk     *testclock.FakeClock
+	patches int
+	applies int
+	mu      sync.Mutex
+}
+
+const fakePeriod = 5 * time.Minute
+
+func unitConsumer() *messagingv1alpha1.IdempotentConsumer {
+	return &messagingv1alpha1.IdempotentConsumer{
+		ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: "shop", UID: "uid-orders", Generation: 1},
+		Spec: messagingv1alpha1.IdempotentConsumerSpec{
+			Source: messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{
+				URL: "nats://127.0.0.1:4222", Stream: "ORDERS", Consumer: "orders",
+			}},
+			Message: messagingv1alpha1.MessageSpec{ID: messagingv1alpha1.IDSpec{Header: "Nats-Msg-Id"}},
+			Sink: messagingv1alpha1.SinkSpec{
+				Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: "db", Key: "dsn"}, Schema: "projections"},
+				Inbox:    messagingv1alpha1.InboxSpec{Table: "inbox_orders"},
+				Effect: messagingv1alpha1.EffectSpec{Upsert: &messagingv1alpha1.UpsertEffect{
+					Table: "orders", Key: []messagingv1alpha1.SQLIdentifier{"order_id"},
+					Columns: messagingv1alpha1.Columns{"order_id": "$.orderId", "status": "$.status"},
+				}},
+			},
+			Retention: messagingv1alpha1.RetentionSpec{Prune: messagingv1alpha1.PruneSpec{Schedule: "*/15 * * * *", MaxDuration: "10m"}},
+			Runtime:   messagingv1alpha1.RuntimeSpec{Replicas: ptr.To(int32(2))},
+		},
+	}
+}
+
+func newHarness(t *testing.T, objs ...client.Object) *harness {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := messagingv1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, sink: &fakeSink{}, broker: &fakeBroker{window: 49 * time.Hour}, clk: testclock.NewFakeClock(time.Now())}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "shop"}, Data: map[string][]byte{"dsn": []byte("postgres://db/app")}}
+	b := fake.NewClientBuilder().WithScheme(scheme).
+		WithObjects(append([]client.Object{secret}, objs...)...).
+		WithStatusSubresource(&messagingv1alpha1.IdempotentConsumer{}).
+		WithInterceptorFuncs(interceptor.Funcs{
+			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+				h.mu.Lock()
+				h.patches++
+				h.mu.Unlock()
+				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			},
+			Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+				h.mu.Lock()
+				h.applies++
+				h.mu.Unlock()
+				return c.Apply(ctx, obj, opts...)
+			},
+		})
+	for key, fn := range map[string]func(*messagingv1alpha1.IdempotentConsumer) []string{
+		secretIndexKey:   secretNames,
+		inboxIndexKey:    func(idc *messagingv1alpha1.IdempotentConsumer) []string { return []string{inboxIdentity(idc)} },
+		consumerIndexKey: func(idc *messagingv1alpha1.IdempotentConsumer) []string { return []string{consumerIdentity(idc)} },
+	} {
+		b = b.WithIndex(&messagingv1alpha1.IdempotentConsumer{}, key, func(o client.Object) []string { return fn(o.(*messagingv1alpha1.IdempotentConsumer)) })
+	}
+	h.c = b.Build()
+	h.r = &Reconciler{
+		client: h.c, secrets: h.c, live: h.c, scheme: scheme, recorder: events.NewFakeRecorder(100),
+		opts: Options{RuntimeImage: "idc-operator:test", RetentionPeriod: fakePeriod, MaxConcurrent: 1, Clock: h.clk,
+			Sink: h.sink, Broker: h.broker, EffectRecheck: defaultEffectRecheck, DropTimeout: time.Minute},
+		readings: newBrokerReadings(), applied: newAppliedChildren(),
+	}
+	return h
+}
+
+func (h *harness) counts() (patches, applies int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.patches, h.applies
+}
+
+// pass runs one Reconcile of shop/orders and returns the resource after it.
+func (h *harness) pass() (*messagingv1alpha1.IdempotentConsumer, time.Duration) {
+	h.t.Helper()
+	res, err := h.r.Reconcile(context.Background(), reqFor("shop", "orders"))
+	if err != nil {
+		h.t.Fatalf("Reconcile: %v", err)
+	}
+	var idc messagingv1alpha1.IdempotentConsumer
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &idc); err != nil {
+		h.t.Fatal(err)
+	}
+	return &idc, res.RequeueAfter
+}
+
+func conditionOf(idc *messagingv1alpha1.IdempotentConsumer, typ string) string {
+	c := meta.FindStatusCondition(idc.Status.Conditions, typ)
+	if c == nil {
+		return ""
+	}
+	return string(c.Status) + "/" + c.Reason
+}
+
+// markAvailable plays the Deployment controller.
+func (h *harness) markAvailable() {
+	h.t.Helper()
+	var d appsv1.Deployment
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
+		h.t.Fatal(err)
+	}
+	d.Status = appsv1.DeploymentStatus{ObservedGeneration: d.Generation, Replicas: 2, ReadyReplicas: 2, AvailableReplicas: 2, UpdatedReplicas: 2,
+		Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue}}}
+	if err := h.c.Status().Update(context.Background(), &d); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// Once Ready, a pass over an unchanged world writes nothing: no status
+// patch, no apply, no broker read until --retention-period has passed; and
+// then one read that finds nothing new still writes nothing.
+func TestSteadyStateWritesNothing(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.pass()
+	if _, applies := h.counts(); applies != 3 {
+		t.Errorf("%d applies to bring up the children, want 3 (ConfigMap, Deployment, CronJob, once each)", applies)
+	}
+	h.markAvailable()
+	// The fake client keeps no generation, so the Deployment's status
+	// write looks like a change to it here (a real API server's does not).
+	idc, _ := h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionReady); got != "True/Ready" {
+		t.Fatalf("Ready = %s, want True/Ready (%s)", got, meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionReady).Message)
+	}
+	patches, applies := h.counts()
+	reads := h.broker.readCount()
+	observedAt := idc.Status.Retention.ObservedAt
+
+	for range 5 {
+		h.clk.Step(time.Minute / 2)
+		idc, _ = h.pass()
+	}
+	if p, a := h.counts(); p != patches || a != applies {
+		t.Errorf("steady passes wrote %d status patches and %d applies, want none", p-patches, a-applies)
+	}
+	if got := h.broker.readCount(); got != reads {
+		t.Errorf("the broker was read %d times within --retention-period, want 0", got-reads)
+	}
+
+	h.clk.Step(fakePeriod)
+	idc, requeue := h.pass()
+	if got := h.broker.readCount(); got != reads+1 {
+		t.Errorf("after --retention-period the broker was read %d times, want once", got-reads)
+	}
+	if p, a := h.counts(); p != patches || a != applies {
+		t.Errorf("a broker read that found nothing new wrote %d status patches and %d applies, want none", p-patches, a-applies)
+	}
+	if !idc.Status.Retention.ObservedAt.Equal(observedAt) {
+		t.Errorf("observedAt moved from %v to %v with unchanged inputs", observedAt, idc.Status.Retention.ObservedAt)
+	}
+	if requeue <= 0 || requeue > fakePeriod+fakePeriod/10 {
+		t.Errorf("requeue after %s, want within --retention-period (+10%% jitter)", requeue)
+	}
+
+	// A spec change is read at once.
+	idc.Spec.Source.NATSJetStream.URL = "nats://127.0.0.1:4223"
+	idc.Generation++
+	if err := h.c.Update(context.Background(), idc); err != nil {
+		t.Fatal(err)
+	}
+	h.pass()
+	if got := h.broker.readCount(); got != reads+2 {
+		t.Errorf("a source change was read %d times, want once", got-reads-1)
+	}
+}
+
+// A Deployment edited behind the operator's back is applied again.
+func TestDriftedChildIsAppliedAgain(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.pass()
+	var d appsv1.Deployment
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	d.Spec.Replicas = ptr.To(int32(9))
+	d.Generation++
+	if err := h.c.Update(context.Background(), &d); err != nil {
+		t.Fatal(err)
+	}
+	_, before := h.counts()
+	h.pass()
+	if _, after := h.counts(); after != before+1 {
+		t.Fatalf("%d applies after the Deployment drifted, want 1", after-before)
+	}
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if *d.Spec.Replicas != 2 {
+		t.Fatalf("replicas %d after the re-apply, want 2", *d.Spec.Replicas)
+	}
+}
+
+// BrokerLimits is Unknown, with the reason, while the broker cannot be
+// read: a limit that was not read is not a limit that fits.
+func TestBrokerLimitsUnknownWhileTheBrokerIsNotRead(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.broker.err = fmt.Errorf("%w: while dialing nats://127.0.0.1:4222: connection refused", retention.ErrBrokerUnreachable)
+	idc, requeue := h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionBrokerLimits); got != "Unknown/BrokerUnreachable" {
+		t.Fatalf("BrokerLimits = %s, want Unknown/BrokerUnreachable", got)
+	}
+	if requeue > brokerRetry+fakePeriod/10 {
+		t.Errorf("a failed read is retried after %s, want within %s", requeue, brokerRetry)
+	}
+	// Read again after brokerRetry, not after --retention-period.
+	h.clk.Step(brokerRetry)
+	h.broker.err = nil
+	h.broker.limits = retention.ConsumerLimits{MaxAckPending: 100000}
+	idc, _ = h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionBrokerLimits); got != "True/LimitsFit" {
+		t.Fatalf("BrokerLimits = %s once the broker answers, want True/LimitsFit", got)
+	}
+	if h.broker.readCount() != 2 {
+		t.Fatalf("%d reads, want 2", h.broker.readCount())
+	}
+}
+
+// A child of the same name that someone else owns stalls the pass with
+// Conflict, and nothing after it runs: no redrive Job is created.
+func TestChildConflictStopsThePass(t *testing.T) {
+	idc := unitConsumer()
+	idc.Annotations = map[string]string{messagingv1alpha1.AnnotationRedrive: "t-1"}
+	squatter := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "orders-runtime", Namespace: "shop"}}
+	h := newHarness(t, idc, squatter)
+	got, _ := h.pass()
+	if c := conditionOf(got, messagingv1alpha1.ConditionStalled); c != "True/Conflict" {
+		t.Fatalf("Stalled = %s, want True/Conflict", c)
+	}
+	var jobs batchv1.JobList
+	if err := h.c.List(context.Background(), &jobs, client.InNamespace("shop")); err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs.Items) != 0 {
+		t.Fatalf("%d Jobs created after a conflict, want none", len(jobs.Items))
+	}
+	if _, applies := h.counts(); applies != 0 {
+		t.Fatalf("%d applies after a conflict on the first child, want none", applies)
+	}
+}
+
+// While EffectReady is False the pass asks to run again within 30s (the
+// default period plus its jitter); once True, only the periodic requeue.
+func TestEffectRecheckWithin30s(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.sink.effectErr = &sinkdb.EffectProblem{Reason: messagingv1alpha1.ReasonTableNotFound, Message: "missing"}
+	for range 50 {
+		idc, requeue := h.pass()
+		if requeue <= 0 || requeue > 30*time.Second {
+			t.Fatalf("re-check after %s while EffectReady is False, want (0, 30s]", requeue)
+		}
+		if got := conditionOf(idc, messagingv1alpha1.ConditionEffectReady); got != "False/TableNotFound" {
+			t.Fatalf("EffectReady = %s", got)
+		}
+	}
+	var d appsv1.Deployment
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if *d.Spec.Replicas != 0 {
+		t.Fatalf("replicas %d while EffectReady is False, want 0", *d.Spec.Replicas)
+	}
+	h.sink.effectErr = nil
+	if _, requeue := h.pass(); requeue < fakePeriod/2 {
+		t.Fatalf("re-check after %s once EffectReady is True, want the periodic one", requeue)
+	}
+}
+
+// A spec that does not render stalls before anything is created, and gets
+// no finalizer: deleting it can never wait on tables it never had.
+func TestInvalidSpecStallsBeforeTheFinalizer(t *testing.T) {
+	idc := unitConsumer()
+	idc.Spec.Sink.Inbox.DeletionPolicy = messagingv1alpha1.DeletionPolicyDelete
+	idc.Spec.Sink.Effect = messagingv1alpha1.EffectSpec{SQL: &messagingv1alpha1.SQLEffect{Statement: "UPDATE t SET n = :n", Params: map[string]messagingv1alpha1.ValueExpression{}}}
+	h := newHarness(t, idc)
+	got, _ := h.pass()
+	if c := conditionOf(got, messagingv1alpha1.ConditionStalled); c != "True/InvalidSpec" {
+		t.Fatalf("Stalled = %s, want True/InvalidSpec", c)
+	}
+	if len(got.Finalizers) != 0 {
+		t.Fatalf("finalizers %v on a resource that never rendered", got.Finalizers)
+	}
+	if n := h.sink.count("Ensure"); n != 0 {
+		t.Fatalf("the inbox was provisioned %d times for a spec that does not render", n)
+	}
+}
+
+// A deletion whose spec no longer renders completes at once, leaves the
+// tables in place and says so in a Warning event.
+func TestDeletionOfASpecThatNoLongerRenders(t *testing.T) {
+	idc := unitConsumer()
+	idc.Spec.Sink.Inbox.DeletionPolicy = messagingv1alpha1.DeletionPolicyDelete
+	h := newHarness(t, idc)
+	got, _ := h.pass()
+	if len(got.Finalizers) != 1 {
+		t.Fatalf("finalizers %v, want the drop-inbox one", got.Finalizers)
+	}
+	// An id rule the runtime config refuses (a stricter release, say).
+	got.Spec.Message.ID = messagingv1alpha1.IDSpec{}
+	if err := h.c.Update(context.Background(), got); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.Delete(context.Background(), got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Reconcile(context.Background(), reqFor("shop", "orders")); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, got); err == nil {
+		t.Fatalf("the resource is still there, finalizers %v", got.Finalizers)
+	}
+	if n := h.sink.count("Drop"); n != 0 {
+		t.Fatalf("Drop called %d times for a spec that does not render", n)
+	}
+	rec := h.r.recorder.(*events.FakeRecorder)
+	var seen []string
+	for len(rec.Events) > 0 {
+		seen = append(seen, <-rec.Events)
+	}
+	if !containsWith(seen, "Warning "+reasonInboxRetained, "projections.inbox_orders", "no longer renders") {
+		t.Fatalf("no InboxRetained Warning naming the table among %q", seen)
+	}
+	if len(h.sink.released) == 0 || h.sink.released[len(h.sink.released)-1] != "shop/orders" {
+		t.Fatalf("the pool of the deleted resource was not released: %v", h.sink.released)
+	}
+}
+
+// A sink database that stays unreachable holds a deletion for
+// --drop-timeout at most, then the tables are left in place.
+func TestDeletionGivesUpOnAnUnreachableDatabase(t *testing.T) {
+	idc := unitConsumer()
+	idc.Spec.Sink.Inbox.DeletionPolicy = messagingv1alpha1.DeletionPolicyDelete
+	h := newHarness(t, idc)
+	got, _ := h.pass()
+	h.sink.dropErr = errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")
+	if err := h.c.Delete(context.Background(), got); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.r.Reconcile(context.Background(), reqFor("shop", "orders"))
+	if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > dropRetry {
+		t.Fatalf("first try: %v, requeue %s; want a retry within %s", err, res.RequeueAfter, dropRetry)
+	}
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, got); err != nil {
+		t.Fatalf("the resource went before the drop timed out: %v", err)
+	}
+	h.clk.Step(h.r.opts.DropTimeout + time.Second)
+	if _, err := h.r.Reconcile(context.Background(), reqFor("shop", "orders")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, got); err == nil {
+		t.Fatal("the resource is still there after --drop-timeout")
+	}
+}
+
+func containsWith(events []string, subs ...string) bool {
+	for _, e := range events {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(e, s)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+func TestValidateSQLParams(t *testing.T) {
+	for _, tc := range []struct {
+		stmt   string
+		params map[string]string
+		want   string
+	}{
+		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n", "id": "$.id"}, ""},
+		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n"}, ":id"},
+		{"UPDATE a SET n = 1 WHERE id = :id", map[string]string{"id": "$.id", "extra": "$.x"}, "params.extra"},
+	} {
+		cfg := &config.Config{Sink: config.Sink{Effect: config.Effect{SQL: &config.SQL{Statement: tc.stmt, Params: tc.params}}}}
+		err := validateSQLParams(cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q %v: %v", tc.stmt, tc.params, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q %v: error %v, want one naming %s", tc.stmt, tc.params, err, tc.want)
+		}
+	}
+}
+
+func reqFor(namespace, name string) ctrl.Request {
+	return ctrl.Request{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}}
+}

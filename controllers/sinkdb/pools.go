@@ -1,0 +1,144 @@
+package sinkdb
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Timeout bounds every database round of a reconcile so an unreachable
+// database costs seconds, not a stuck worker.
+const Timeout = 10 * time.Second
+
+const dbTimeout = Timeout
+
+// MaxConnsPerDatabase caps the connections the manager opens to one sink
+// database, however many resources share it.
+const MaxConnsPerDatabase = 8
+
+// Pools caches one pgx pool per connection string and counts the resources
+// (owners) that use each. An owner uses one pool at a time: acquiring with
+// another connection string (a rotated Secret) lets go of the old one, and
+// Release lets go of it for a deleted resource. A pool nobody uses is
+// closed at once.
+type Pools struct {
+	mu     sync.Mutex
+	pools  map[string]*sharedPool // by the connection string's SHA-256
+	owners map[string]string      // owner -> pool key
+}
+
+type sharedPool struct {
+	pool  *pgxpool.Pool
+	users int
+}
+
+// NewPools returns an empty cache.
+func NewPools() *Pools {
+	return &Pools{pools: map[string]*sharedPool{}, owners: map[string]string{}}
+}
+
+func poolKey(dsn string) string {
+	sum := sha256.Sum256([]byte(dsn))
+	return hex.EncodeToString(sum[:])
+}
+
+// acquire returns the pool for dsn and records that owner uses it.
+func (p *Pools) acquire(owner, dsn string) (*pgxpool.Pool, error) {
+	pool, unused, err := p.acquireLocked(owner, poolKey(dsn), dsn)
+	if unused != nil {
+		// Close waits for acquired connections: outside the lock.
+		unused.Close()
+	}
+	return pool, err
+}
+
+func (p *Pools) acquireLocked(owner, key, dsn string) (pool, unused *pgxpool.Pool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.owners[owner]; ok && old != key {
+		unused = p.releaseLocked(owner)
+	}
+	if sp, ok := p.pools[key]; ok {
+		if _, uses := p.owners[owner]; !uses {
+			sp.users++
+			p.owners[owner] = key
+		}
+		return sp.pool, unused, nil
+	}
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, unused, ErrInvalidDSN
+	}
+	pc.MaxConns = MaxConnsPerDatabase
+	pc.MinConns = 0
+	pc.MaxConnIdleTime = time.Minute
+	pc.ConnConfig.ConnectTimeout = dbTimeout
+	pool, err = pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, unused, fmt.Errorf("while creating a pool for the sink database: %w", err)
+	}
+	p.pools[key] = &sharedPool{pool: pool, users: 1}
+	p.owners[owner] = key
+	return pool, unused, nil
+}
+
+// Release records that owner no longer uses a pool; the pool is closed
+// when it was the last user. Releasing an unknown owner does nothing.
+func (p *Pools) Release(owner string) {
+	p.mu.Lock()
+	unused := p.releaseLocked(owner)
+	p.mu.Unlock()
+	if unused != nil {
+		unused.Close()
+	}
+}
+
+// releaseLocked drops owner's use and returns its pool when nobody uses it
+// any more, for the caller to close outside the lock.
+func (p *Pools) releaseLocked(owner string) *pgxpool.Pool {
+	key, ok := p.owners[owner]
+	if !ok {
+		return nil
+	}
+	delete(p.owners, owner)
+	sp := p.pools[key]
+	if sp == nil {
+		return nil
+	}
+	sp.users--
+	if sp.users > 0 {
+		return nil
+	}
+	delete(p.pools, key)
+	return sp.pool
+}
+
+// Len is the number of open pools.
+func (p *Pools) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pools)
+}
+
+// Owners is the number of owners holding a pool.
+func (p *Pools) Owners() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.owners)
+}
+
+// Close closes every pool.
+func (p *Pools) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for key, sp := range p.pools {
+		sp.pool.Close()
+		delete(p.pools, key)
+	}
+	clear(p.owners)
+}
