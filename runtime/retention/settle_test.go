@@ -468,9 +468,15 @@ func TestSettleRabbitMQ(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The statistics refresh the ack counter and the queue depth apart: the
-	// mark can be passed while the depth still shows the requeued messages.
-	s = eventuallySettled(t, cfg, "everything acknowledged", func(s Settlement) bool { return s.Passed(stamp) && s.Unsettled == 0 })
+	// The statistics refresh the ack counter and the queue depth apart
+	// (either can lag the other), and Passed holds as soon as the depth is
+	// 0: wait until both show the end.
+	s = eventuallySettled(t, cfg, "everything acknowledged", func(s Settlement) bool {
+		return s.Unsettled == 0 && s.Floor["acks"] == settlePublished
+	})
+	if !s.Passed(stamp) {
+		t.Fatalf("everything acknowledged, yet Passed(%v) is false", stamp)
+	}
 	wantSettlement(t, s, 0, acks(settlePublished), acks(settlePublished))
 }
 
