@@ -16,6 +16,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"net/url"
 	"os"
 	"time"
 )
@@ -26,6 +27,16 @@ func lookup(getenv func(string) string) func(string) string {
 		return os.Getenv
 	}
 	return getenv
+}
+
+// RedactURL drops the password from a URL for messages; a value that does
+// not parse is not echoed at all.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<unparsable URL>"
+	}
+	return u.Redacted()
 }
 
 // Dialer opens one network connection. A client built with a Dialer opens

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
@@ -65,6 +66,22 @@ func NATSOptions(credentialsEnv string, t *config.TLS, getenv func(string) strin
 		opts = append(opts, nats.Secure(tc))
 	}
 	return opts, nil
+}
+
+// ConnectJetStream connects to url with opts (NATSOptions and the
+// caller's) and opens the JetStream context; the connection is closed when
+// that fails. The errors show the URL without its password.
+func ConnectJetStream(url string, opts []nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("while connecting to NATS at %s: %w", RedactURL(url), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("while opening the JetStream context: %w", err)
+	}
+	return nc, js, nil
 }
 
 // natsDialer adapts a Dialer to nats.CustomDialer (nats.go runs the TLS

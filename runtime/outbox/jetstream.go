@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,19 +26,14 @@ type JetStreamPublisher struct {
 // NewJetStreamPublisher connects to cfg.URL with the credentials and TLS the
 // config names (environment variables filled from Secrets).
 func NewJetStreamPublisher(cfg *config.EmitJetStream) (*JetStreamPublisher, error) {
-	opts, err := brokerconn.NATSOptions(cfg.CredentialsEnv, cfg.TLS, nil,
-		brokerconn.NATS{Name: "idc-runtime outbox relay", Reconnect: true, ReconnectWait: 2 * time.Second})
+	// Reconnecting forever, nats.go's 2 s apart.
+	opts, err := brokerconn.NATSOptions(cfg.CredentialsEnv, cfg.TLS, nil, brokerconn.NATS{Name: "idc-runtime outbox relay", Reconnect: true})
 	if err != nil {
 		return nil, fmt.Errorf("emit: %w", err)
 	}
-	nc, err := nats.Connect(cfg.URL, opts...)
+	nc, js, err := brokerconn.ConnectJetStream(cfg.URL, opts)
 	if err != nil {
-		return nil, fmt.Errorf("while connecting to NATS for emit: %w", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("while opening the JetStream context for emit: %w", err)
+		return nil, fmt.Errorf("emit: %w", err)
 	}
 	return &JetStreamPublisher{nc: nc, js: js, subject: cfg.Subject}, nil
 }

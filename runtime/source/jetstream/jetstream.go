@@ -89,14 +89,9 @@ func New(ctx context.Context, cfg *config.JetStream, logger logr.Logger, opts ..
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(cfg.URL, natsOpts...)
+	nc, js, err := brokerconn.ConnectJetStream(cfg.URL, natsOpts)
 	if err != nil {
-		return nil, fmt.Errorf("while connecting to NATS: %w", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("while opening the JetStream context: %w", err)
+		return nil, err
 	}
 	consumer, err := bindConsumer(ctx, js, cfg, log, o)
 	if err != nil {
