@@ -23,29 +23,39 @@ const (
 type jetStreamInspector struct {
 	cfg    *config.JetStream
 	getenv Getenv
+	dial   brokerconn.Dialer
 }
 
-// Inspect reads the stream's MaxAge and retention policy and the durable
+// jetStreamSession is one NATS connection without reconnects.
+type jetStreamSession struct {
+	cfg *config.JetStream
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+func (j *jetStreamInspector) open(context.Context) (session, error) {
+	opts, err := brokerconn.NATSOptions(j.cfg.CredentialsEnv, j.cfg.TLS, j.getenv,
+		brokerconn.NATS{Name: "idc-retention", Timeout: 5 * time.Second, Dial: j.dial})
+	if err != nil {
+		return nil, err
+	}
+	nc, js, err := brokerconn.ConnectJetStream(j.cfg.URL, opts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBrokerUnreachable, err)
+	}
+	return &jetStreamSession{cfg: j.cfg, nc: nc, js: js}, nil
+}
+
+func (j *jetStreamSession) close() { j.nc.Close() }
+
+// inspect reads the stream's MaxAge and retention policy and the durable
 // consumer's AckWait, MaxDeliver and BackOff.
-func (j *jetStreamInspector) Inspect(ctx context.Context) (Observation, error) {
-	opts, err := j.options()
+func (j *jetStreamSession) inspect(ctx context.Context) (Observation, error) {
+	st, err := j.stream(ctx)
 	if err != nil {
 		return Observation{}, err
 	}
-	nc, err := nats.Connect(j.cfg.URL, opts...)
-	if err != nil {
-		return Observation{}, unreachable("connecting to NATS at "+redactURL(j.cfg.URL), err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return Observation{}, fmt.Errorf("while opening the JetStream context: %w", err)
-	}
-	st, err := j.stream(ctx, js)
-	if err != nil {
-		return Observation{}, err
-	}
-	cc, fact, err := j.consumer(ctx, js)
+	cc, fact, err := j.consumer(ctx)
 	if err != nil {
 		return Observation{}, err
 	}
@@ -54,12 +64,8 @@ func (j *jetStreamInspector) Inspect(ctx context.Context) (Observation, error) {
 	return obs, nil
 }
 
-func (j *jetStreamInspector) options() ([]nats.Option, error) {
-	return brokerconn.NATSOptions(j.cfg.CredentialsEnv, j.cfg.TLS, j.getenv, brokerconn.NATS{Name: "idc-retention", Timeout: 5 * time.Second})
-}
-
-func (j *jetStreamInspector) stream(ctx context.Context, js jetstream.JetStream) (jetstream.StreamConfig, error) {
-	s, err := js.Stream(ctx, j.cfg.Stream)
+func (j *jetStreamSession) stream(ctx context.Context) (jetstream.StreamConfig, error) {
+	s, err := j.js.Stream(ctx, j.cfg.Stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return jetstream.StreamConfig{}, fmt.Errorf("%w: JetStream stream %s: %w", ErrSourceNotFound, j.cfg.Stream, err)
@@ -73,8 +79,8 @@ func (j *jetStreamInspector) stream(ctx context.Context, js jetstream.JetStream)
 
 // consumer returns the durable consumer's config, or the server defaults
 // (and a fact saying so) when it does not exist yet.
-func (j *jetStreamInspector) consumer(ctx context.Context, js jetstream.JetStream) (jetstream.ConsumerConfig, string, error) {
-	c, err := js.Consumer(ctx, j.cfg.Stream, j.cfg.Consumer)
+func (j *jetStreamSession) consumer(ctx context.Context) (jetstream.ConsumerConfig, string, error) {
+	c, err := j.js.Consumer(ctx, j.cfg.Stream, j.cfg.Consumer)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 		cc := jetstream.ConsumerConfig{AckWait: jsDefaultAckWait, MaxDeliver: jsDefaultMaxDeliver}

@@ -28,24 +28,37 @@ const (
 type kafkaInspector struct {
 	cfg    *config.Kafka
 	getenv Getenv
+	dial   brokerconn.Dialer
 	// outage is maxConsumerOutage, compared with offsets.retention.minutes.
 	outage time.Duration
 }
 
-// Inspect reads retention.ms, segment.ms and cleanup.policy of every topic
-// and, for information, the broker's offsets.retention.minutes.
-func (k *kafkaInspector) Inspect(ctx context.Context) (Observation, error) {
-	opts, err := k.options()
+// kafkaSession is one franz-go client.
+type kafkaSession struct {
+	*kafkaInspector
+	cl  *kgo.Client
+	adm *kadm.Client
+}
+
+func (k *kafkaInspector) open(context.Context) (session, error) {
+	opts, err := brokerconn.KafkaOptions(k.cfg.BootstrapServers, k.cfg.SASL, k.cfg.TLS, k.getenv,
+		brokerconn.Kafka{ClientID: "idc-retention", DialTimeout: 5 * time.Second, Dial: k.dial})
 	if err != nil {
-		return Observation{}, err
+		return nil, err
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return Observation{}, fmt.Errorf("while creating the Kafka client: %w", err)
+		return nil, fmt.Errorf("while creating the Kafka client: %w", err)
 	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	rcs, err := adm.DescribeTopicConfigs(ctx, k.cfg.Topics...)
+	return &kafkaSession{kafkaInspector: k, cl: cl, adm: kadm.NewClient(cl)}, nil
+}
+
+func (k *kafkaSession) close() { k.cl.Close() }
+
+// inspect reads retention.ms, segment.ms and cleanup.policy of every topic
+// and, for information, the broker's offsets.retention.minutes.
+func (k *kafkaSession) inspect(ctx context.Context) (Observation, error) {
+	rcs, err := k.adm.DescribeTopicConfigs(ctx, k.cfg.Topics...)
 	if err != nil {
 		return Observation{}, kafkaRequestError("reading the configs of topics "+strings.Join(k.cfg.Topics, ","), err)
 	}
@@ -54,13 +67,8 @@ func (k *kafkaInspector) Inspect(ctx context.Context) (Observation, error) {
 		return Observation{}, err
 	}
 	obs.Facts = append(obs.Facts, fmt.Sprintf("consumer group %s commits offsets only after processing, so uncommitted records are redelivered while they are retained: A=∞, R_redeliver=L", k.cfg.ConsumerGroup))
-	obs.Info = append(obs.Info, k.offsetsRetention(ctx, adm))
+	obs.Info = append(obs.Info, k.offsetsRetention(ctx))
 	return obs, nil
-}
-
-func (k *kafkaInspector) options() ([]kgo.Opt, error) {
-	return brokerconn.KafkaOptions(k.cfg.BootstrapServers, k.cfg.SASL, k.cfg.TLS, k.getenv,
-		brokerconn.Kafka{ClientID: "idc-retention", DialTimeout: 5 * time.Second})
 }
 
 // kafkaRequestError: a Kafka error code (authorization, …) is an answer; any
@@ -188,8 +196,8 @@ func msHuman(ms int64) string {
 // offsetsRetention describes the broker's offsets.retention.minutes. It is
 // informational: once committed offsets expire during an outage the group
 // restarts at the earliest offset, a replay that R_replay already covers.
-func (k *kafkaInspector) offsetsRetention(ctx context.Context, adm *kadm.Client) string {
-	rcs, err := adm.DescribeBrokerConfigs(ctx)
+func (k *kafkaSession) offsetsRetention(ctx context.Context) string {
+	rcs, err := k.adm.DescribeBrokerConfigs(ctx)
 	if err == nil && len(rcs) > 0 && rcs[0].Err != nil {
 		err = rcs[0].Err
 	}

@@ -3,18 +3,16 @@ package retention
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // lag sums end offset minus committed offset over every partition of the
 // topics; a partition the group never committed counts from its log start
 // offset, where the runtime's consumer starts (ConsumeResetOffset AtStart).
-func (k *kafkaInspector) lag(ctx context.Context) (int64, error) {
+func (k *kafkaSession) lag(ctx context.Context) (int64, error) {
 	offs, err := k.groupOffsets(ctx, kafkaRequestError)
 	if err != nil {
 		return 0, err
@@ -29,35 +27,26 @@ type kafkaGroupOffsets struct {
 	committed    kadm.OffsetResponses
 }
 
-// groupOffsets reads kafkaGroupOffsets on a client of its own; listErr
-// wraps a failure to list the topics' offsets. A group that does not exist
-// yet has no committed offsets.
-func (k *kafkaInspector) groupOffsets(ctx context.Context, listErr func(what string, err error) error) (kafkaGroupOffsets, error) {
+// groupOffsets reads kafkaGroupOffsets; listErr wraps a failure to list
+// the topics' offsets. A group that does not exist yet has no committed
+// offsets.
+func (k *kafkaSession) groupOffsets(ctx context.Context, listErr func(what string, err error) error) (kafkaGroupOffsets, error) {
 	var out kafkaGroupOffsets
-	opts, err := k.options()
-	if err != nil {
-		return out, err
-	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return out, fmt.Errorf("while creating the Kafka client: %w", err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	var err error
 	topics := strings.Join(k.cfg.Topics, ",")
-	if out.ends, err = adm.ListEndOffsets(ctx, k.cfg.Topics...); err == nil {
+	if out.ends, err = k.adm.ListEndOffsets(ctx, k.cfg.Topics...); err == nil {
 		err = out.ends.Error()
 	}
 	if err != nil {
 		return out, listErr("listing the end offsets of topics "+topics, err)
 	}
-	if out.starts, err = adm.ListStartOffsets(ctx, k.cfg.Topics...); err == nil {
+	if out.starts, err = k.adm.ListStartOffsets(ctx, k.cfg.Topics...); err == nil {
 		err = out.starts.Error()
 	}
 	if err != nil {
 		return out, listErr("listing the start offsets of topics "+topics, err)
 	}
-	out.committed, err = adm.FetchOffsets(ctx, k.cfg.ConsumerGroup)
+	out.committed, err = k.adm.FetchOffsets(ctx, k.cfg.ConsumerGroup)
 	if errors.Is(err, kerr.GroupIDNotFound) {
 		// No consumer joined yet: nothing is committed.
 		out.committed, err = kadm.OffsetResponses{}, nil

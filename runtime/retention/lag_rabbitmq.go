@@ -1,9 +1,6 @@
 package retention
 
-import (
-	"context"
-	"net/url"
-)
+import "context"
 
 // rabbitQueueDepth is the part of GET /api/queues/{vhost}/{name} that lag reads.
 type rabbitQueueDepth struct {
@@ -14,19 +11,10 @@ type rabbitQueueDepth struct {
 // lag is the queue's messages_ready + messages_unacknowledged, from the
 // management API (its statistics lag the queue by the broker's collection
 // interval, 5 s by default).
-func (r *rabbitInspector) lag(ctx context.Context) (int64, error) {
-	uri, err := r.uri()
-	if err != nil {
-		return 0, err
-	}
-	api, err := r.api(uri)
-	if err != nil {
-		return 0, err
-	}
+func (r *rabbitSession) lag(ctx context.Context) (int64, error) {
 	var q rabbitQueueDepth
-	path := "/api/queues/" + url.PathEscape(uri.Vhost) + "/" + url.PathEscape(r.cfg.Queue)
-	if err := api.get(ctx, path, &q); err != nil {
-		return 0, rabbitQueueError(err, r.cfg.Queue, uri.Vhost)
+	if err := r.readQueue(ctx, &q); err != nil {
+		return 0, err
 	}
 	return q.Ready + q.Unacked, nil
 }

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
@@ -30,6 +28,7 @@ const rabbitQuorumDefaultLimit = 20
 type rabbitInspector struct {
 	cfg    *config.RabbitMQ
 	getenv Getenv
+	dial   brokerconn.Dialer
 	// consumerTimeout is the declared broker consumer_timeout (0: default,
 	// negative: disabled).
 	consumerTimeout time.Duration
@@ -38,6 +37,15 @@ type rabbitInspector struct {
 // rabbitAPI is an authenticated management API client.
 type rabbitAPI struct {
 	*brokerconn.Management
+}
+
+// rabbitSession is one management API client (its keep-alive connection
+// serves every call) and the queue's answer, read once per session.
+type rabbitSession struct {
+	*rabbitInspector
+	vhost string
+	api   *rabbitAPI
+	queue json.RawMessage
 }
 
 // rabbitQueue is the part of GET /api/queues/{vhost}/{name} that matters.
@@ -51,44 +59,54 @@ type rabbitQueue struct {
 	EffectivePolicy json.RawMessage `json:"effective_policy_definition"`
 }
 
-// Inspect reads the queue's arguments and effective policy over the
-// management API with the credentials of the AMQP URI.
-func (r *rabbitInspector) Inspect(ctx context.Context) (Observation, error) {
-	uri, err := r.uri()
+// open builds the management API client with the credentials of the AMQP
+// URI: managementURL, or the AMQP host on the management plugin's default
+// port. Nothing is dialled until the first call.
+func (r *rabbitInspector) open(context.Context) (session, error) {
+	_, uri, err := brokerconn.AMQPURI(r.cfg.URIEnv, r.getenv)
 	if err != nil {
-		return Observation{}, err
+		return nil, err
 	}
-	api, err := r.api(uri)
+	m, err := brokerconn.NewManagement(r.cfg.ManagementURL, uri, r.cfg.TLS, r.getenv, r.dial)
 	if err != nil {
-		return Observation{}, err
+		return nil, err
 	}
+	return &rabbitSession{rabbitInspector: r, vhost: uri.Vhost, api: &rabbitAPI{m}}, nil
+}
+
+func (r *rabbitSession) close() { r.api.Close() }
+
+// readQueue decodes GET /api/queues/{vhost}/{name} into out. The queue is
+// read once per session: inspect, lag and settle of one session see the
+// same answer.
+func (r *rabbitSession) readQueue(ctx context.Context, out any) error {
+	path := "/api/queues/" + url.PathEscape(r.vhost) + "/" + url.PathEscape(r.cfg.Queue)
+	if r.queue == nil {
+		var raw json.RawMessage
+		if err := r.api.get(ctx, path, &raw); err != nil {
+			return rabbitQueueError(err, r.cfg.Queue, r.vhost)
+		}
+		r.queue = raw
+	}
+	if err := json.Unmarshal(r.queue, out); err != nil {
+		return fmt.Errorf("while decoding the management API answer to GET %s: %w", path, err)
+	}
+	return nil
+}
+
+// inspect reads the queue's arguments and effective policy.
+func (r *rabbitSession) inspect(ctx context.Context) (Observation, error) {
 	var q rabbitQueue
-	path := "/api/queues/" + url.PathEscape(uri.Vhost) + "/" + url.PathEscape(r.cfg.Queue)
-	if err := api.get(ctx, path, &q); err != nil {
-		return Observation{}, rabbitQueueError(err, r.cfg.Queue, uri.Vhost)
+	if err := r.readQueue(ctx, &q); err != nil {
+		return Observation{}, err
 	}
-	s, err := r.settings(ctx, api, q)
+	s, err := r.settings(ctx, r.api, q)
 	if err != nil {
 		return Observation{}, err
 	}
 	obs := rabbitObservation(q, s)
-	obs.Info = append(obs.Info, "read over the management API at "+redactURL(api.Base)+" ("+api.Origin+")")
+	obs.Info = append(obs.Info, "read over the management API at "+brokerconn.RedactURL(r.api.Base)+" ("+r.api.Origin+")")
 	return obs, nil
-}
-
-func (r *rabbitInspector) uri() (amqp.URI, error) {
-	_, uri, err := brokerconn.AMQPURI(r.cfg.URIEnv, r.getenv)
-	return uri, err
-}
-
-// api returns the management API client: config managementURL, or the AMQP
-// host on the management plugin's default port.
-func (r *rabbitInspector) api(uri amqp.URI) (*rabbitAPI, error) {
-	m, err := brokerconn.NewManagement(r.cfg.ManagementURL, uri, r.cfg.TLS, r.getenv, nil)
-	if err != nil {
-		return nil, err
-	}
-	return &rabbitAPI{m}, nil
 }
 
 // errHTTPNotFound marks a 404 from the management API.
@@ -104,7 +122,11 @@ func (a *rabbitAPI) get(ctx context.Context, path string, out any) error {
 		// The URL in the error carries no credentials: they are in a header.
 		return unreachable("calling the RabbitMQ management API", err)
 	}
-	defer func() { _ = resp.Body.Close() }()
+	defer func() {
+		// Read to the end, so the connection serves the next call.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		_ = resp.Body.Close()
+	}()
 	if err := rabbitStatusError(resp, path); err != nil {
 		return err
 	}

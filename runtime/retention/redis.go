@@ -19,24 +19,38 @@ import (
 type redisInspector struct {
 	cfg    *config.RedisStreams
 	getenv Getenv
+	dial   brokerconn.Dialer
 	// now dates the oldest entry; time.Now when nil.
 	now func() time.Time
 }
 
-// Inspect observes the stream with XINFO STREAM. Nothing Redis reports
+// redisSession is one go-redis client; its commands run one after the
+// other, so they share one pooled connection.
+type redisSession struct {
+	*redisInspector
+	rdb *redis.Client
+}
+
+// open builds the client; nothing is dialled until the first command.
+func (r *redisInspector) open(context.Context) (session, error) {
+	opts, err := brokerconn.RedisOptions(r.cfg.Address, r.cfg.PasswordEnv, r.cfg.TLS, r.getenv,
+		brokerconn.Redis{DialTimeout: 5 * time.Second, MaxRetries: 1, DialerRetries: 2, Dial: r.dial})
+	if err != nil {
+		return nil, err
+	}
+	return &redisSession{redisInspector: r, rdb: redis.NewClient(opts)}, nil
+}
+
+func (r *redisSession) close() { _ = r.rdb.Close() }
+
+// inspect observes the stream with XINFO STREAM. Nothing Redis reports
 // bounds the horizons: entries stay until a producer trims them (MAXLEN or
 // MINID, invisible to the broker's settings), and pending entries are taken
 // over with XAUTOCLAIM after claimMinIdle without a limit on attempts. So
 // L = A = R_replay = ∞ and a Redis source needs retention.maxReplayAge; the
 // age of the oldest entry is reported for information only.
-func (r *redisInspector) Inspect(ctx context.Context) (Observation, error) {
-	opts, err := r.options()
-	if err != nil {
-		return Observation{}, err
-	}
-	rdb := redis.NewClient(opts)
-	defer func() { _ = rdb.Close() }()
-	info, err := rdb.XInfoStream(ctx, r.cfg.Stream).Result()
+func (r *redisSession) inspect(ctx context.Context) (Observation, error) {
+	info, err := r.rdb.XInfoStream(ctx, r.cfg.Stream).Result()
 	var oldest string
 	switch {
 	case err != nil && strings.Contains(err.Error(), "no such key"):
@@ -63,11 +77,6 @@ func redisObservation(cfg *config.RedisStreams, oldest string) Observation {
 		},
 		Info: []string{oldest},
 	}
-}
-
-func (r *redisInspector) options() (*redis.Options, error) {
-	return brokerconn.RedisOptions(r.cfg.Address, r.cfg.PasswordEnv, r.cfg.TLS, r.getenv,
-		brokerconn.Redis{DialTimeout: 5 * time.Second, MaxRetries: 1, DialerRetries: 2})
 }
 
 func (r *redisInspector) describe(info *redis.XInfoStream) string {

@@ -2,7 +2,6 @@ package retention
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
@@ -33,12 +32,6 @@ func (s Settlement) Passed(mark map[string]int64) bool {
 	return true
 }
 
-// settleReader is implemented by every Inspector: what the broker could
-// still hand back to this consumer, read live.
-type settleReader interface {
-	settle(ctx context.Context) (Settlement, error)
-}
-
 // Settle reads the broker's settlement for the consumer cfg names; like Lag it opens and closes its own connection, applies DefaultTimeout when ctx has no deadline, and wraps errors as "while reading the settlement from <kind>: %w" keeping ErrBrokerUnreachable / ErrSourceNotFound wrapped so callers can errors.Is them. getenv nil means os.Getenv.
 //
 //   - JetStream: Unsettled is the durable consumer's num_ack_pending,
@@ -56,22 +49,14 @@ type settleReader interface {
 // A prune job stamps Position when a replica crashes and waits until
 // Passed(stamp): then nothing that replica was handed can come back.
 func Settle(ctx context.Context, cfg *config.Config, getenv Getenv) (Settlement, error) {
-	insp, err := NewInspector(cfg, getenv)
+	var st Settlement
+	err := withSession(ctx, cfg, getenv, nil, settleError(cfg), func(ctx context.Context, s session) error {
+		var err error
+		st, err = s.settle(ctx)
+		return err
+	})
 	if err != nil {
 		return Settlement{}, err
 	}
-	sr, ok := insp.(settleReader)
-	if !ok {
-		return Settlement{}, fmt.Errorf("no settlement reader for %s", cfg.Source.Kind())
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
-	}
-	s, err := sr.settle(ctx)
-	if err != nil {
-		return Settlement{}, fmt.Errorf("while reading the settlement from %s: %w", cfg.Source.Kind(), err)
-	}
-	return s, nil
+	return st, nil
 }

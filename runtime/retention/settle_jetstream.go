@@ -2,10 +2,8 @@ package retention
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -15,30 +13,12 @@ import (
 // pending, everything delivered is settled, so the floor is the delivered
 // sequence (the ack floor can trail it, e.g. when acknowledged messages
 // were removed from the stream).
-func (j *jetStreamInspector) settle(ctx context.Context) (Settlement, error) {
-	opts, err := j.options()
+func (j *jetStreamSession) settle(ctx context.Context) (Settlement, error) {
+	info, err := j.consumerInfo(ctx)
 	if err != nil {
 		return Settlement{}, err
 	}
-	nc, err := nats.Connect(j.cfg.URL, opts...)
-	if err != nil {
-		return Settlement{}, unreachable("connecting to NATS at "+redactURL(j.cfg.URL), err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return Settlement{}, fmt.Errorf("while opening the JetStream context: %w", err)
-	}
-	c, err := js.Consumer(ctx, j.cfg.Stream, j.cfg.Consumer)
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
-		return Settlement{}, fmt.Errorf("%w: JetStream consumer %s on stream %s: %w", ErrSourceNotFound, j.cfg.Consumer, j.cfg.Stream, err)
-	case jsUnreachable(err):
-		return Settlement{}, unreachable("reading JetStream consumer "+j.cfg.Consumer, err)
-	case err != nil:
-		return Settlement{}, fmt.Errorf("while reading JetStream consumer %s on stream %s: %w", j.cfg.Consumer, j.cfg.Stream, err)
-	}
-	return jetStreamSettlement(j.cfg.Consumer, j.cfg.Stream, c.CachedInfo()), nil
+	return jetStreamSettlement(j.cfg.Consumer, j.cfg.Stream, info), nil
 }
 
 func jetStreamSettlement(consumer, stream string, info *jetstream.ConsumerInfo) Settlement {

@@ -23,7 +23,7 @@ const kafkaFactsPartitions = 8
 // start offset: the records below it are gone. Kafka does not track
 // deliveries, so every record between the floor and the end is counted as
 // Unsettled: a consumer restarting from the commit is handed it again.
-func (k *kafkaInspector) settle(ctx context.Context) (Settlement, error) {
+func (k *kafkaSession) settle(ctx context.Context) (Settlement, error) {
 	offs, err := k.groupOffsets(ctx, kafkaOffsetsError)
 	if err != nil {
 		return Settlement{}, err

@@ -3,7 +3,6 @@ package retention
 import (
 	"context"
 	"fmt"
-	"net/url"
 )
 
 // rabbitQueueSettlement is the part of GET /api/queues/{vhost}/{name} that
@@ -27,19 +26,10 @@ type rabbitQueueSettlement struct {
 // held have happened, they were delivered again and acknowledged. The
 // management statistics lag the queue by the collection interval (5 s by
 // default): a reading can be that much behind the broker.
-func (r *rabbitInspector) settle(ctx context.Context) (Settlement, error) {
-	uri, err := r.uri()
-	if err != nil {
-		return Settlement{}, err
-	}
-	api, err := r.api(uri)
-	if err != nil {
-		return Settlement{}, err
-	}
+func (r *rabbitSession) settle(ctx context.Context) (Settlement, error) {
 	var q rabbitQueueSettlement
-	path := "/api/queues/" + url.PathEscape(uri.Vhost) + "/" + url.PathEscape(r.cfg.Queue)
-	if err := api.get(ctx, path, &q); err != nil {
-		return Settlement{}, rabbitQueueError(err, r.cfg.Queue, uri.Vhost)
+	if err := r.readQueue(ctx, &q); err != nil {
+		return Settlement{}, err
 	}
 	acks := int64(0)
 	if q.Messages != nil && q.Messages.Ack != nil {
@@ -50,6 +40,6 @@ func (r *rabbitInspector) settle(ctx context.Context) (Settlement, error) {
 		Position:  map[string]int64{"acks": acks + q.Ready + q.Unacked},
 		Floor:     map[string]int64{"acks": acks},
 		Facts: fmt.Sprintf("RabbitMQ queue %q in vhost %q: acknowledged %d, ready %d, unacknowledged %d (management statistics)",
-			r.cfg.Queue, uri.Vhost, acks, q.Ready, q.Unacked),
+			r.cfg.Queue, r.vhost, acks, q.Ready, q.Unacked),
 	}, nil
 }

@@ -21,34 +21,13 @@ const redisSeqBits = 20
 // consumer was never handed them. Reading XPENDING second keeps the pair
 // safe: whatever was delivered up to Position and is no longer pending was
 // acknowledged (or deleted).
-func (r *redisInspector) settle(ctx context.Context) (Settlement, error) {
-	opts, err := r.options()
+func (r *redisSession) settle(ctx context.Context) (Settlement, error) {
+	g, err := r.group(ctx)
 	if err != nil {
 		return Settlement{}, err
 	}
-	rdb := redis.NewClient(opts)
-	defer func() { _ = rdb.Close() }()
-	groups, err := rdb.XInfoGroups(ctx, r.cfg.Stream).Result()
-	switch {
-	case err != nil && strings.Contains(err.Error(), "no such key"):
-		return Settlement{}, fmt.Errorf("%w: Redis stream %s", ErrSourceNotFound, r.cfg.Stream)
-	case err != nil && redisUnreachable(err):
-		return Settlement{}, unreachable("reading the groups of Redis stream "+r.cfg.Stream, err)
-	case err != nil:
-		return Settlement{}, fmt.Errorf("while reading the groups of Redis stream %s with XINFO GROUPS: %w", r.cfg.Stream, err)
-	}
-	i := -1
-	for n, g := range groups {
-		if g.Name == r.cfg.Group {
-			i = n
-			break
-		}
-	}
-	if i < 0 {
-		return Settlement{}, fmt.Errorf("%w: group %s of Redis stream %s", ErrSourceNotFound, r.cfg.Group, r.cfg.Stream)
-	}
-	last := groups[i].LastDeliveredID
-	pel, err := rdb.XPending(ctx, r.cfg.Stream, r.cfg.Group).Result()
+	last := g.LastDeliveredID
+	pel, err := r.rdb.XPending(ctx, r.cfg.Stream, r.cfg.Group).Result()
 	switch {
 	case err != nil && strings.HasPrefix(err.Error(), "NOGROUP"):
 		return Settlement{}, fmt.Errorf("%w: group %s of Redis stream %s", ErrSourceNotFound, r.cfg.Group, r.cfg.Stream)
