@@ -109,6 +109,21 @@ func withSession(ctx context.Context, cfg *config.Config, getenv Getenv, dial br
 	return nil
 }
 
+// readOne is withSession for one reading: Lag and Settle.
+func readOne[T any](ctx context.Context, cfg *config.Config, getenv Getenv, wrap func(error) error, reading func(session, context.Context) (T, error)) (T, error) {
+	var out T
+	err := withSession(ctx, cfg, getenv, nil, wrap, func(ctx context.Context, s session) error {
+		var err error
+		out, err = reading(s, ctx)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, nil
+}
+
 // inspectError, lagError and settleError say which reading of which
 // source kind failed, keeping the cause wrapped for errors.Is.
 func inspectError(cfg *config.Config) func(error) error {

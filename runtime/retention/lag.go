@@ -20,14 +20,5 @@ import (
 // consumer loop; Read reads the lag over the connection of the window.
 // getenv nil means os.Getenv. Errors never carry credentials.
 func Lag(ctx context.Context, cfg *config.Config, getenv Getenv) (int64, error) {
-	var n int64
-	err := withSession(ctx, cfg, getenv, nil, lagError(cfg), func(ctx context.Context, s session) error {
-		var err error
-		n, err = s.lag(ctx)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
+	return readOne(ctx, cfg, getenv, lagError(cfg), session.lag)
 }

@@ -49,14 +49,5 @@ func (s Settlement) Passed(mark map[string]int64) bool {
 // A prune job stamps Position when a replica crashes and waits until
 // Passed(stamp): then nothing that replica was handed can come back.
 func Settle(ctx context.Context, cfg *config.Config, getenv Getenv) (Settlement, error) {
-	var st Settlement
-	err := withSession(ctx, cfg, getenv, nil, settleError(cfg), func(ctx context.Context, s session) error {
-		var err error
-		st, err = s.settle(ctx)
-		return err
-	})
-	if err != nil {
-		return Settlement{}, err
-	}
-	return st, nil
+	return readOne(ctx, cfg, getenv, settleError(cfg), session.settle)
 }
