@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"sync"
 	"syscall"
 	"time"
 
@@ -208,7 +209,11 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	return nil
 }
 
-func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, relayMetrics *outbox.Metrics, state *loopState, ops *opsGauges) error {
+func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, relayMetrics *outbox.Metrics, state *loopState, ops *opsGauges) (err error) {
+	// The outbox relay failing stops the loop (and the process) with its
+	// error.
+	ctx, stopLoop := context.WithCancelCause(ctx)
+	defer stopLoop(nil)
 	store, err := inbox.New(pool, cfg.Sink)
 	if err != nil {
 		return withCode(exitUsage, err)
@@ -262,9 +267,15 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 			return nil
 		}
 		defer relay.Publisher.Close()
-		go func() {
-			if err := relay.Run(ctx); err != nil {
-				log.Error(err, "Outbox relay stopped")
+		// Joined before the publisher closes and before the source closes
+		// and the last progress record is written (the defers above).
+		join := startRelay(ctx, relay.Run, stopLoop)
+		defer func() {
+			if relayErr := join(); relayErr != nil {
+				log.Error(relayErr, "Outbox relay stopped")
+				if err == nil {
+					err = relayErr
+				}
 			}
 		}()
 	}
@@ -274,6 +285,27 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 		return fmt.Errorf("while consuming: %w", err)
 	}
 	return nil
+}
+
+// startRelay runs the relay in a goroutine on a context of its own. join
+// stops it (cancels that context), waits until it returned and gives its
+// error; a relay that fails on its own cancels the loop first (stopLoop),
+// so the loop ends and the process exits with that error.
+func startRelay(ctx context.Context, run func(context.Context) error, stopLoop context.CancelCauseFunc) (join func() error) {
+	ctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		err := run(ctx)
+		if err != nil {
+			err = fmt.Errorf("outbox relay: %w", err)
+			stopLoop(err)
+		}
+		done <- err
+	}()
+	return sync.OnceValue(func() error {
+		stop()
+		return <-done
+	})
 }
 
 func shutdownServer(srv *server.Server, log logr.Logger) {
