@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"k8s.io/utils/clock"
 
 	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -88,11 +89,20 @@ type options struct {
 	connectionName string
 	consumerTag    string
 	heartbeat      time.Duration
+	// clock dates deliveries, acknowledgements (maxAckDelay) and the
+	// reconnect backoff.
+	clock clock.PassiveClock
 }
 
 // WithConnectionName sets the connection name shown by the broker.
 func WithConnectionName(name string) Option {
 	return func(o *options) { o.connectionName = name }
+}
+
+// WithClock sets the clock the source reads the time from (default: the
+// system clock); tests pass a fake one to move past maxAckDelay.
+func WithClock(c clock.PassiveClock) Option {
+	return func(o *options) { o.clock = c }
 }
 
 // WithConsumerTag sets the consumer tag (default: generated).
@@ -103,7 +113,7 @@ func WithConsumerTag(tag string) Option {
 // New connects to the broker and starts consuming cfg.Queue, which must
 // exist. The URI is read from the environment variable cfg.URIEnv.
 func New(_ context.Context, cfg *config.RabbitMQ, logger logr.Logger, opts ...Option) (*Source, error) {
-	o := options{connectionName: "idc-runtime", heartbeat: 10 * time.Second}
+	o := options{connectionName: "idc-runtime", heartbeat: 10 * time.Second, clock: clock.RealClock{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -184,7 +194,7 @@ func (s *Source) ensureSession(ctx context.Context) (*session, error) {
 	if sess != nil {
 		return sess, nil
 	}
-	if wait := time.Until(s.nextDial); wait > 0 {
+	if wait := s.nextDial.Sub(s.opts.clock.Now()); wait > 0 {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
@@ -196,7 +206,7 @@ func (s *Source) ensureSession(ctx context.Context) (*session, error) {
 	sess, err := s.connect()
 	if err != nil {
 		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
-		s.nextDial = time.Now().Add(s.backoff)
+		s.nextDial = s.opts.clock.Now().Add(s.backoff)
 		return nil, fmt.Errorf("while reconnecting to RabbitMQ: %w", err)
 	}
 	s.backoff = 0
@@ -283,7 +293,7 @@ func (s *Source) waitFirst(ctx context.Context, sess *session, maxWait time.Dura
 func (s *Source) messages(sess *session, ds []amqp.Delivery) []source.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	now := s.opts.clock.Now()
 	msgs := make([]source.Message, len(ds))
 	for i, d := range ds {
 		sess.pending[d.DeliveryTag] = struct{}{}
@@ -328,7 +338,7 @@ func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 		errs = append(errs, fmt.Errorf("%d of %d deliveries: %w", stale, len(msgs), ErrStaleDelivery))
 	}
 	if len(tags) > 0 {
-		if err := s.ackTags(s.session, tags, time.Now()); err != nil {
+		if err := s.ackTags(s.session, tags, s.opts.clock.Now()); err != nil {
 			errs = append(errs, err)
 		}
 	}

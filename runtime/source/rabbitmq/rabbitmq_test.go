@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	amqp "github.com/rabbitmq/amqp091-go"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
@@ -340,7 +341,8 @@ func TestOldestPending(t *testing.T) {
 func TestDeferredAcks(t *testing.T) {
 	f := newFixture(t, nil)
 	f.publish(t, outgoing("a", "b"))
-	s := newSource(t, f.cfg())
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	s := newSource(t, f.cfg(), WithClock(clk))
 	ab := fetchN(t, s, 2)
 	if err := s.Ack(t.Context(), ab[1:]); err != nil { // b, behind a
 		t.Fatal(err)
@@ -351,7 +353,7 @@ func TestDeferredAcks(t *testing.T) {
 	if deferred != 1 {
 		t.Fatalf("%d deferred acks, want b's", deferred)
 	}
-	time.Sleep(maxAckDelay + 100*time.Millisecond)
+	clk.SetTime(clk.Now().Add(maxAckDelay)) // b has waited maxAckDelay now
 	f.publish(t, outgoing("c"))
 	c := fetchN(t, s, 1)
 	if err := s.Ack(t.Context(), c); err != nil { // b is overdue now; c waits behind a
