@@ -39,7 +39,36 @@ func TestAheadHeldAtMaxAckPendingStrandsNothing(t *testing.T) {
 	if errA != nil || errB != nil || len(a) != 10 || len(b) != 10 {
 		t.Fatalf("first fetches: %d (%v), %d (%v); want 10 and 10", len(a), errA, len(b), errB)
 	}
-	time.Sleep(1500 * time.Millisecond) // past nats.go's one second on the held request
+	// Wait until nats.go gave up on the request held ahead (its batch ends
+	// with no message: one would mean it was not held at MaxAckPending) and
+	// the server dropped it. nats.go closes the batch before it
+	// unsubscribes the request's inbox: an ack sent in between frees room
+	// while the server still holds the request, and the message it then
+	// delivers to the dead inbox is stranded until AckWait whatever the
+	// runtime does.
+	if s.ahead == nil {
+		t.Fatal("no request was sent ahead")
+	}
+	select {
+	case m, ok := <-s.ahead.Messages():
+		if ok {
+			t.Fatalf("the request held at MaxAckPending delivered %s", m.Subject())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nats.go never gave up on the request held ahead")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, err := f.js.Consumer(t.Context(), f.stream, "tight")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.CachedInfo().NumWaiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server still holds %d pull requests 10 s after nats.go gave up", c.CachedInfo().NumWaiting)
+		}
+	}
 	for _, batch := range [][]source.Message{a, b} {
 		if err := s.Ack(t.Context(), batch); err != nil {
 			t.Fatal(err)
