@@ -56,8 +56,18 @@ func TestMisconfiguredSinkHoldsUntilFixed(t *testing.T) {
 			fetchesAtHold := src.fetches
 			src.mu.Unlock()
 			// Give the wrong behaviour (fetching, acking, dead-lettering)
-			// many backoff steps to show itself.
-			time.Sleep(500 * time.Millisecond)
+			// many backoff steps to show itself: wait until the held batch
+			// was retried holdSteps times (MaxAttempts is 1), or the hold
+			// ended (the checks below say how).
+			const holdSteps = 8
+			for deadline := time.Now().Add(30 * time.Second); r.c.holdLogged.Load() < holdSteps; time.Sleep(5 * time.Millisecond) {
+				if _, held := r.c.Held(); !held {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the hold reached step %d in 30 s, want %d", r.c.holdLogged.Load(), holdSteps)
+				}
+			}
 
 			reason, held := r.c.Held()
 			if !held || reason != tc.reason {
