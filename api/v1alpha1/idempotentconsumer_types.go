@@ -36,9 +36,9 @@ type IdempotentConsumer struct {
 }
 
 // IdempotentConsumerSpec is the desired state of an IdempotentConsumer.
-// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.upsert) || (self.sink.effect.upsert.table != self.sink.inbox.table && self.sink.effect.upsert.table != (has(self.delivery) && has(self.delivery.deadLetter) ? self.delivery.deadLetter.table : self.sink.inbox.table + '_dead_letters'))",message="the effect table must not be the inbox table or the dead-letter table",fieldPath=".sink.effect.upsert.table"
-// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.append) || (self.sink.effect.append.table != self.sink.inbox.table && self.sink.effect.append.table != (has(self.delivery) && has(self.delivery.deadLetter) ? self.delivery.deadLetter.table : self.sink.inbox.table + '_dead_letters'))",message="the effect table must not be the inbox table or the dead-letter table",fieldPath=".sink.effect.append.table"
-// +kubebuilder:validation:XValidation:rule="!has(self.delivery) || !has(self.delivery.deadLetter) || self.delivery.deadLetter.table != self.sink.inbox.table",message="the dead-letter table must not be the inbox table",fieldPath=".delivery.deadLetter.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.upsert) || !((self.sink.effect.upsert.table == self.sink.inbox.table || self.sink.effect.upsert.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > 41 && size(self.sink.effect.upsert.table) == 63 && self.sink.effect.upsert.table.startsWith(self.sink.inbox.table.substring(0, 41)) && self.sink.effect.upsert.table.substring(41).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (has(self.delivery) && has(self.delivery.deadLetter) && self.sink.effect.upsert.table == self.delivery.deadLetter.table))",message="the effect table must not be the inbox table or the dead-letter table, nor any other <inbox>_* name: the operator reserves them for the inbox's own tables and partitions",fieldPath=".sink.effect.upsert.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.append) || !((self.sink.effect.append.table == self.sink.inbox.table || self.sink.effect.append.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > 41 && size(self.sink.effect.append.table) == 63 && self.sink.effect.append.table.startsWith(self.sink.inbox.table.substring(0, 41)) && self.sink.effect.append.table.substring(41).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (has(self.delivery) && has(self.delivery.deadLetter) && self.sink.effect.append.table == self.delivery.deadLetter.table))",message="the effect table must not be the inbox table or the dead-letter table, nor any other <inbox>_* name: the operator reserves them for the inbox's own tables and partitions",fieldPath=".sink.effect.append.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.delivery) || !has(self.delivery.deadLetter) || !(self.delivery.deadLetter.table == self.sink.inbox.table || self.delivery.deadLetter.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > 41 && size(self.delivery.deadLetter.table) == 63 && self.delivery.deadLetter.table.startsWith(self.sink.inbox.table.substring(0, 41)) && self.delivery.deadLetter.table.substring(41).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (self.delivery.deadLetter.table != self.sink.inbox.table && (self.delivery.deadLetter.table == self.sink.inbox.table + '_dead_letters' || (size(self.sink.inbox.table) > 50 && self.delivery.deadLetter.table.matches('^' + self.sink.inbox.table.substring(0, 41) + '_[0-9a-f]{8}_dead_letters$'))))",message="the dead-letter table must not be the inbox table, nor an <inbox>_* name other than its default <inbox>_dead_letters: the operator reserves them for the inbox's own tables and partitions",fieldPath=".delivery.deadLetter.table"
 // +kubebuilder:validation:XValidation:rule="!has(self.emit) || !has(self.sink.effect.http)",message="emit is not supported with the http effect: the call runs outside the claim transaction",fieldPath=".emit"
 type IdempotentConsumerSpec struct {
 	// suspend scales the runtime consumer to zero replicas. Pruning goes on.
@@ -146,14 +146,24 @@ type RuntimeSpec struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
-	// resources of the runtime container.
+	// resources of the runtime container. A cpu, memory or ephemeral-storage
+	// request may not exceed its limit (the pods would be refused).
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('cpu' in self.requests) || !('cpu' in self.limits) || !isQuantity(string(self.requests['cpu'])) || !isQuantity(string(self.limits['cpu'])) || quantity(string(self.requests['cpu'])).compareTo(quantity(string(self.limits['cpu']))) <= 0",message="the cpu request must not exceed the cpu limit",fieldPath=".requests['cpu']"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('memory' in self.requests) || !('memory' in self.limits) || !isQuantity(string(self.requests['memory'])) || !isQuantity(string(self.limits['memory'])) || quantity(string(self.requests['memory'])).compareTo(quantity(string(self.limits['memory']))) <= 0",message="the memory request must not exceed the memory limit",fieldPath=".requests['memory']"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('ephemeral-storage' in self.requests) || !('ephemeral-storage' in self.limits) || !isQuantity(string(self.requests['ephemeral-storage'])) || !isQuantity(string(self.limits['ephemeral-storage'])) || quantity(string(self.requests['ephemeral-storage'])).compareTo(quantity(string(self.limits['ephemeral-storage']))) <= 0",message="the ephemeral-storage request must not exceed the ephemeral-storage limit",fieldPath=".requests['ephemeral-storage']"
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
-	// serviceAccountName the pods run as. Its token is not mounted.
+	// serviceAccountName the pods run as, a DNS-1123 subdomain. Its token is
+	// not mounted.
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	// +optional
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
-	// podAnnotations are added to the consumer pods.
+	// podAnnotations are added to the consumer pods, at most 128. Keys are
+	// qualified names ([prefix/]name, the prefix a DNS-1123 subdomain), as
+	// for any annotation.
+	// +kubebuilder:validation:MaxProperties=128
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('(?i)^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$') && k.indexOf('/') <= 253)",message="pod annotation keys must be qualified names: an optional DNS-1123 subdomain prefix of at most 253 characters and '/', then a name of at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
 	// +optional
 	PodAnnotations map[string]string `json:"podAnnotations,omitempty"`
 }

@@ -55,7 +55,11 @@ const (
 // InboxSpec is the inbox table.
 type InboxSpec struct {
 	// table name of the inbox. Immutable: a new table would forget every
-	// processed id.
+	// processed id. The operator also creates <table>_* tables (dead letters,
+	// prune runs, redrives, id conflicts, outbox, meta, progress, window and
+	// the daily partitions; names over 63 characters are shortened with a
+	// hash), so the effect and dead-letter tables may not take a name of
+	// that family, the default dead-letter table excepted.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="table is immutable"
 	// +required
 	Table SQLIdentifier `json:"table"`
@@ -299,10 +303,16 @@ type RetentionSpec struct {
 
 // PruneSpec configures the prune CronJob.
 type PruneSpec struct {
-	// schedule in cron format.
+	// schedule in cron format: five fields (minute 0-59, hour 0-23, day of
+	// month 1-31, month 1-12 or JAN-DEC, day of week 0-6 or SUN-SAT), each a
+	// list of *, ?, values (at most four digits) or ascending ranges with an
+	// optional positive /step, the fields separated by single spaces; or
+	// @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually.
+	// Whatever passes, the CronJob API accepts as well.
 	// +kubebuilder:default="*/30 * * * *"
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self.matches('^@(hourly|daily|weekly|monthly|yearly|annually)$') || self.matches('^[^ ]+( [^ ]+){4}$')",message="schedule must be a five-field cron expression or a @macro"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^@(hourly|daily|midnight|weekly|monthly|yearly|annually)$') || self.matches('^[^ ]+( [^ ]+){4}$')",message="schedule must be a five-field cron expression or a @macro"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[^ ]+( [^ ]+){4}$') || (self.split(' ')[0].matches('^([*?]|[0-9]{1,4}(-[0-9]{1,4})?)(/[0-9]{1,4})?(,([*?]|[0-9]{1,4}(-[0-9]{1,4})?)(/[0-9]{1,4})?)*$') && self.split(' ')[1].matches('^([*?]|[0-9]{1,4}(-[0-9]{1,4})?)(/[0-9]{1,4})?(,([*?]|[0-9]{1,4}(-[0-9]{1,4})?)(/[0-9]{1,4})?)*$') && self.split(' ')[2].matches('^([*?]|[0-9]{1,4}(-[0-9]{1,4})?)(/[0-9]{1,4})?(,([*?]|[0-9]{1,4}(-[0-9]{1,4})?)(/[0-9]{1,4})?)*$') && self.split(' ')[3].matches('(?i)^([*?]|([0-9]{1,4}|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)(-([0-9]{1,4}|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))?)(/[0-9]{1,4})?(,([*?]|([0-9]{1,4}|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)(-([0-9]{1,4}|jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))?)(/[0-9]{1,4})?)*$') && self.split(' ')[4].matches('(?i)^([*?]|([0-9]{1,4}|sun|mon|tue|wed|thu|fri|sat)(-([0-9]{1,4}|sun|mon|tue|wed|thu|fri|sat))?)(/[0-9]{1,4})?(,([*?]|([0-9]{1,4}|sun|mon|tue|wed|thu|fri|sat)(-([0-9]{1,4}|sun|mon|tue|wed|thu|fri|sat))?)(/[0-9]{1,4})?)*$') && [0, 1, 2, 3, 4].all(i, [self.split(' ')[0], self.split(' ')[1], self.split(' ')[2], self.split(' ')[3].lowerAscii().replace('jan', '1').replace('feb', '2').replace('mar', '3').replace('apr', '4').replace('may', '5').replace('jun', '6').replace('jul', '7').replace('aug', '8').replace('sep', '9').replace('oct', '10').replace('nov', '11').replace('dec', '12'), self.split(' ')[4].lowerAscii().replace('sun', '0').replace('mon', '1').replace('tue', '2').replace('wed', '3').replace('thu', '4').replace('fri', '5').replace('sat', '6')][i].split(',').all(e, (!e.contains('/') || int(e.split('/', 2)[1]) > 0) && (e.split('/', 2)[0] == '*' || e.split('/', 2)[0] == '?' || (e.split('/', 2)[0].split('-', 2).all(p, int(p) >= [0, 0, 1, 1, 0][i] && int(p) <= [59, 23, 31, 12, 6][i]) && int(e.split('/', 2)[0].split('-', 2)[0]) <= int(e.split('/', 2)[0].split('-', 2)[size(e.split('/', 2)[0].split('-', 2)) - 1]))))))",message="schedule must be valid cron: each field a list of *, ?, values or ascending ranges with an optional positive /step, within minute 0-59, hour 0-23, day of month 1-31, month 1-12 or JAN-DEC, day of week 0-6 or SUN-SAT"
 	// +optional
 	Schedule string `json:"schedule,omitempty"`
 	// batchSize of each DELETE (Table layout).
