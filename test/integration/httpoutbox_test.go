@@ -31,6 +31,7 @@ type endpoint struct {
 	latency time.Duration
 
 	calls     map[string]int // by key, every call that reached the handler
+	downCalls map[string]int // by entity key, the calls answered 503 while down
 	applied   map[string]int // by key: times the endpoint applied it (1, it dedupes)
 	order     map[string][]int
 	badKey    int // calls whose key is not the body's id
@@ -41,7 +42,7 @@ type endpoint struct {
 func newEndpoint(t *testing.T, latency time.Duration) *endpoint {
 	t.Helper()
 	e := &endpoint{refuse: map[string]bool{}, fail: map[string]bool{}, flaky: map[string]int{}, latency: latency,
-		calls: map[string]int{}, applied: map[string]int{}, order: map[string][]int{}}
+		calls: map[string]int{}, downCalls: map[string]int{}, applied: map[string]int{}, order: map[string][]int{}}
 	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
 	t.Cleanup(e.srv.Close)
 	return e
@@ -60,6 +61,7 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	defer e.mu.Unlock()
 	e.totalHits++
 	if e.down {
+		e.downCalls[ev.Key]++
 		http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
 		return
 	}
@@ -140,7 +142,21 @@ func httpOutbox(t *testing.T, bin string) {
 	if pending != unique {
 		t.Fatalf("%d outbox rows unsent while the endpoint is down, want %d (one per unique id)", pending, unique)
 	}
-	time.Sleep(time.Second) // several dispatcher passes against the outage
+	// Several dispatcher passes against the outage: every entity key has
+	// had its next call made more than maxAttempts times, so an outage
+	// counted as attempts would have dead-lettered them all by now.
+	waitFor(t, 60*time.Second, "every key to be called more than maxAttempts times against the outage", func() error {
+		var err error
+		ep.set(func() {
+			for _, ev := range events {
+				if n := ep.downCalls[ev.Key]; n <= cfg.Delivery.MaxAttempts {
+					err = fmt.Errorf("key %s called %d times while down", ev.Key, n)
+					return
+				}
+			}
+		})
+		return err
+	})
 	if n := db.queryInt(t, "SELECT count(*) FROM app.inbox_notifier_dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters during an outage, want none (an endpoint that is down is not the message's fault)", n)
 	}
