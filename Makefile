@@ -132,9 +132,9 @@ bench-prune: ## Prune benchmark: 5M expired ids, Table batched delete vs Partiti
 	go test -run '^$$' -bench . -benchtime 1x -timeout 40m ./test/benchprune/...
 
 .PHONY: bench-controller
-bench-controller: ## Controller benchmark: 300 resources to Ready against one PostgreSQL; manager RSS.
+bench-controller: ## Controller benchmark: 300 resources (IDC_BENCH_RESOURCES) to Ready on one PostgreSQL, manager RSS; then a 5-minute steady state (IDC_BENCH_STEADY): status, child writes, broker reads.
 	@hack/services.sh check
-	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -run '^$$' -bench . -benchtime 1x -timeout 20m ./test/benchcontroller/...
+	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" go test -run '^$$' -bench . -benchtime 1x -timeout 40m ./test/benchcontroller/...
 
 ##@ Build
 

@@ -51,12 +51,11 @@ type LiveBroker struct{}
 
 // Observe implements BrokerObserver.
 func (LiveBroker) Observe(ctx context.Context, cfg *config.Config, getenv func(string) string, now time.Time) (BrokerReading, error) {
-	res, err := retention.Derive(ctx, cfg, getenv, now)
-	out := BrokerReading{Result: res}
-	if err == nil || errors.Is(err, retention.ErrUnboundedReplay) {
-		if lag, lerr := retention.Lag(ctx, cfg, getenv); lerr == nil {
-			out.Lag = &lag
-		}
+	rd, err := retention.Read(ctx, cfg, getenv, now)
+	out := BrokerReading{Result: rd.Result}
+	if rd.LagErr == nil {
+		lag := rd.Lag
+		out.Lag = &lag
 	}
 	return out, err
 }

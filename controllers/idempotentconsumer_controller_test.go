@@ -198,6 +198,12 @@ func tableExists(schema, table string) bool {
 	return ok
 }
 
+func configMapVersion(name string) string {
+	var cm corev1.ConfigMap
+	ExpectWithOffset(1, k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-runtime"}, &cm)).To(Succeed())
+	return cm.ResourceVersion
+}
+
 func reconcileTotal() float64 {
 	families, err := ctrlmetrics.Registry.Gather()
 	Expect(err).NotTo(HaveOccurred())
@@ -346,9 +352,17 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		Expect(row).To(HaveKey("Last Prune"))
 		Expect(row["Age"]).NotTo(BeEmpty())
 
-		By("staying quiet once Ready: no hot loop")
+		By("writing nothing once Ready: a pass over an unchanged world patches neither status nor children")
+		idcVersion, depVersion := get(name).ResourceVersion, deployment(name).ResourceVersion
+		cmVersion := configMapVersion(name)
 		before := reconcileTotal()
-		Consistently(reconcileTotal, 10*time.Second, time.Second).Should(Equal(before))
+		// A Secret change that touches no referenced key makes the controller
+		// look again without changing anything it renders.
+		setSecretData(secret, map[string]string{"dsn": testDSN, "unrelated": randomSuffix()})
+		Eventually(reconcileTotal, timeout, interval).Should(BeNumerically(">", before))
+		Expect(get(name).ResourceVersion).To(Equal(idcVersion), "status was written by a pass that changed nothing")
+		Expect(deployment(name).ResourceVersion).To(Equal(depVersion), "the Deployment was written by a pass that changed nothing")
+		Expect(configMapVersion(name)).To(Equal(cmVersion), "the ConfigMap was written by a pass that changed nothing")
 	})
 
 	It("rolls the pods on a spec change and on Secret rotation, and scales to 0 on suspend", func() {
@@ -375,9 +389,18 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		create(newConsumer(name, stream, secret))
 		Eventually(windowOf(name), timeout, interval).Should(Equal("49h"))
 
-		// The Secret watch is a cheap way to make the controller look again
-		// without waiting for the re-derivation period.
-		nudge := func() { setSecretData(secret, map[string]string{"dsn": testDSN, "nudge": randomSuffix()}) }
+		// Rotating the referenced Secret key makes the controller read the
+		// broker again at once (a reading depends on the Secrets). The prune
+		// CronJob carries both the secrets hash and the window in force, in
+		// one write: once its hash moved, its --window is that pass's.
+		cronHash := func() string {
+			return cronJob(name).Spec.JobTemplate.Spec.Template.Annotations[AnnotationSecretsHash]
+		}
+		nudge := func() {
+			was := cronHash()
+			setSecretData(secret, map[string]string{"dsn": testDSN + "&application_name=nudge_" + randomSuffix()})
+			Eventually(cronHash, timeout, interval).ShouldNot(Equal(was))
+		}
 
 		setStreamMaxAge(stream, 72*time.Hour)
 		nudge()
@@ -392,7 +415,9 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 
 		clk.Step(72 * time.Hour)
 		nudge()
-		Consistently(func() string { return get(name).Status.Retention.Window }, 2*time.Second, interval).Should(Equal("73h"))
+		Expect(cronJob(name).Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args).To(ContainElement("73h0m0s"),
+			"72h after the shrink was seen, the 73h window has not elapsed")
+		Expect(get(name).Status.Retention.Window).To(Equal("73h"))
 
 		clk.Step(2 * time.Hour)
 		nudge()

@@ -47,10 +47,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, idc *messagingv1alpha1
 	if retained != "" {
 		msg := fmt.Sprintf("the inbox tables of %s were left in place (deletionPolicy: Delete): %s; drop them by hand if they are no longer needed",
 			inboxNameOf(idc), retained)
-		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, reasonInboxRetained, "DropInbox", "%s", msg)
+		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, messagingv1alpha1.ReasonInboxRetained, "DropInbox", "%s", msg)
 		before := idc.DeepCopy()
 		meta.SetStatusCondition(&idc.Status.Conditions, metav1.Condition{Type: messagingv1alpha1.ConditionInboxReady,
-			Status: metav1.ConditionFalse, Reason: reasonInboxRetained, Message: msg, ObservedGeneration: idc.Generation})
+			Status: metav1.ConditionFalse, Reason: messagingv1alpha1.ReasonInboxRetained, Message: msg, ObservedGeneration: idc.Generation})
 		if err := r.client.Status().Patch(ctx, idc, client.MergeFrom(before)); err != nil {
 			log.FromContext(ctx).Info("could not record the retained inbox in status", "error", err.Error())
 		}
@@ -63,9 +63,6 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, idc *messagingv1alpha1
 	r.forget(key)
 	return ctrl.Result{}, nil
 }
-
-// reasonInboxRetained: a deletion left the inbox tables in place.
-const reasonInboxRetained = "InboxRetained"
 
 // inboxNameOf names the inbox table from the spec alone (it may not render).
 func inboxNameOf(idc *messagingv1alpha1.IdempotentConsumer) string {

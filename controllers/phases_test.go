@@ -464,7 +464,7 @@ func TestDeletionOfASpecThatNoLongerRenders(t *testing.T) {
 	for len(rec.Events) > 0 {
 		seen = append(seen, <-rec.Events)
 	}
-	if !containsWith(seen, "Warning "+reasonInboxRetained, "projections.inbox_orders", "no longer renders") {
+	if !containsWith(seen, "Warning "+messagingv1alpha1.ReasonInboxRetained, "projections.inbox_orders", "no longer renders") {
 		t.Fatalf("no InboxRetained Warning naming the table among %q", seen)
 	}
 	if len(h.sink.released) == 0 || h.sink.released[len(h.sink.released)-1] != "shop/orders" {

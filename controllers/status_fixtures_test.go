@@ -126,6 +126,10 @@ func fixtureScenarios() []fixtureScenario {
 			"permission denied on schema projections (SQLSTATE 42501: permission denied for database orders); grant the role CREATE on the database and schema")},
 		{name: "progressing-provisioning-failed", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonProvisioningFailed,
 			"provisioning the inbox in schema projections failed (SQLSTATE 53100: could not extend file)")},
+		// A deletion that left the tables in place writes this one condition
+		// just before the finalizer goes (reconcileDelete).
+		{name: "deleting-inbox-retained", obs: inboxFailed(messagingv1alpha1.ReasonInboxRetained,
+			"the inbox tables of projections.inbox_orders_projector were left in place (deletionPolicy: Delete): the spec no longer renders: message.id: exactly one of header, jsonPath, brokerNative must be set (got 0); drop them by hand if they are no longer needed")},
 		{name: "stalled-invalid-spec", obs: &observation{
 			stalled: failed(messagingv1alpha1.ReasonInvalidSpec, "spec.sink.effect.upsert.key: column \"order_id\" is not among the columns"),
 		}},

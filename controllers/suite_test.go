@@ -25,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
 	"github.com/idempotency-dev/idc-operator/internal/testenv"
 )
 
@@ -50,6 +51,8 @@ var (
 	testDSN   string
 	js        jetstream.JetStream
 	nc        *nats.Conn
+	// sinkClient is the suite reconciler's sink database client.
+	sinkClient *sinkdb.Client
 )
 
 func TestControllers(t *testing.T) {
@@ -133,7 +136,8 @@ var _ = BeforeSuite(func() {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, Cache: CacheOptions(nil)})
 	Expect(err).NotTo(HaveOccurred())
 	clk = testclock.NewFakeClock(time.Now())
-	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk,
+	sinkClient = sinkdb.New()
+	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk, Sink: sinkClient,
 		EffectRecheck: effectRecheck})
 	Expect(r.SetupWithManager(mgr)).To(Succeed())
 	go func() {

@@ -58,6 +58,11 @@ const (
 	ReasonWaitingForInbox   = "WaitingForInbox"
 	ReasonWaitingForWindow  = "WaitingForRetention"
 	ReasonInvalidSpec       = "InvalidSpec"
+	// ReasonInboxRetained (InboxReady=False, with a Warning event): a
+	// deletion with deletionPolicy Delete left the inbox tables in place
+	// because they could not be dropped (the spec no longer renders, the
+	// Secret is gone, the database stayed unreachable past --drop-timeout).
+	ReasonInboxRetained = "InboxRetained"
 
 	// EffectReady=False reasons (the sink is not ready for the effect).
 	ReasonTableNotFound      = "TableNotFound"
@@ -174,7 +179,9 @@ type RetentionStatus struct {
 	// derivedFrom lists every input and where it came from.
 	// +optional
 	DerivedFrom string `json:"derivedFrom,omitempty"`
-	// observedAt is when the inputs were read.
+	// observedAt is when the broker first reported the inputs as they are
+	// now. The broker is read every --retention-period; a read that finds
+	// the same inputs leaves observedAt (and so the status) unchanged.
 	// +optional
 	ObservedAt *metav1.Time `json:"observedAt,omitempty"`
 	// inputsHash identifies the inputs.

@@ -132,6 +132,14 @@ func (p *Pools) Owners() int {
 	return len(p.owners)
 }
 
+// Holds says whether owner holds a pool.
+func (p *Pools) Holds(owner string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.owners[owner]
+	return ok
+}
+
 // Close closes every pool.
 func (p *Pools) Close() {
 	p.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -400,5 +401,32 @@ func TestDerivedNameStaysDistinct(t *testing.T) {
 	}
 	if got := DerivedName("inbox", "_meta"); got != "inbox_meta" {
 		t.Fatalf("DerivedName = %q", got)
+	}
+}
+
+// Names.Tables is the inbox's own list of its tables: exactly what Migrate
+// creates in a Table-layout inbox (the benchmarks and the admission rules
+// count on it).
+func TestNamesTablesListsWhatMigrateCreates(t *testing.T) {
+	s, pool := migrated(t, config.LayoutTable)
+	var created []string
+	rows, err := pool.Query(context.Background(), "SELECT tablename FROM pg_tables WHERE schemaname = 'idc' ORDER BY tablename")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		created = append(created, n)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	listed := slices.Clone(s.Names().Tables())
+	slices.Sort(listed)
+	if !slices.Equal(created, listed) {
+		t.Fatalf("Migrate created %v, Names.Tables lists %v", created, listed)
 	}
 }

@@ -86,6 +86,12 @@ func NamesFor(sink config.Sink) Names {
 	}
 }
 
+// Tables lists every table of the inbox (the dead-letter table included;
+// partitions of a Partitioned inbox are not listed), in creation order.
+func (n Names) Tables() []string {
+	return []string{n.Inbox, n.DeadLetters, n.PruneRuns, n.Redrives, n.IDConflicts, n.Outbox, n.Meta, n.Progress, n.Window}
+}
+
 // DerivedName is base+suffix, with base cut and tagged with a short hash when
 // the result would be longer than PostgreSQL keeps.
 func DerivedName(base, suffix string) string {

@@ -20,8 +20,6 @@ type redisInspector struct {
 	cfg    *config.RedisStreams
 	getenv Getenv
 	dial   brokerconn.Dialer
-	// now dates the oldest entry; time.Now when nil.
-	now func() time.Time
 }
 
 // redisSession is one go-redis client; its commands run one after the
@@ -79,22 +77,21 @@ func redisObservation(cfg *config.RedisStreams, oldest string) Observation {
 	}
 }
 
+// describe names the stream's first entry and when it was written. No
+// length nor age: they change with every entry and every read, and this
+// line goes into status.retention.derivedFrom, which must only change when
+// the stream does (a trim moves the first entry).
 func (r *redisInspector) describe(info *redis.XInfoStream) string {
-	now := time.Now()
-	if r.now != nil {
-		now = r.now()
-	}
 	if info.Length == 0 || info.FirstEntry.ID == "" {
 		return fmt.Sprintf("stream %s is empty (XINFO STREAM; informational)", r.cfg.Stream)
 	}
 	ms, _, _ := strings.Cut(info.FirstEntry.ID, "-")
 	t, err := strconv.ParseInt(ms, 10, 64)
 	if err != nil {
-		return fmt.Sprintf("stream %s length=%d first entry %s (XINFO STREAM; informational)", r.cfg.Stream, info.Length, info.FirstEntry.ID)
+		return fmt.Sprintf("stream %s first entry %s (XINFO STREAM; informational)", r.cfg.Stream, info.FirstEntry.ID)
 	}
-	age := now.Sub(time.UnixMilli(t)).Truncate(time.Second)
-	return fmt.Sprintf("stream %s length=%d first entry %s age=%s (XINFO STREAM; informational)",
-		r.cfg.Stream, info.Length, info.FirstEntry.ID, FormatDuration(age))
+	return fmt.Sprintf("stream %s first entry %s written %s (XINFO STREAM; informational)",
+		r.cfg.Stream, info.FirstEntry.ID, time.UnixMilli(t).UTC().Format(time.RFC3339))
 }
 
 // redisUnreachable: the server could not be reached or dropped the

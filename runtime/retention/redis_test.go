@@ -48,16 +48,23 @@ func TestRedisLive(t *testing.T) {
 		t.Errorf("source %s", res.Source)
 	}
 
-	// An entry written an hour ago (explicit id): its age is reported, for
-	// information only; the window and the inputs hash do not move.
+	// An entry written an hour ago (explicit id): when it was written is
+	// reported, for information only; the window and the inputs hash do
+	// not move, and a second read says exactly the same.
 	old := time.Now().Add(-time.Hour).UnixMilli()
 	if err := rdb.XAdd(testCtx(t), &redis.XAddArgs{Stream: stream, ID: strconv.FormatInt(old, 10) + "-0", Values: map[string]any{"body": "x"}}).Err(); err != nil {
 		t.Fatal(err)
 	}
 	res2 := mustDerive(t, cfg, nil)
-	wantWindow(t, res2, 721*time.Hour, "length=1 first entry "+strconv.FormatInt(old, 10)+"-0 age=1h")
+	wantWindow(t, res2, 721*time.Hour, "first entry "+strconv.FormatInt(old, 10)+"-0 written "+time.UnixMilli(old).UTC().Format(time.RFC3339))
 	if res2.InputsHash != res.InputsHash {
 		t.Error("informational observation changed the inputs hash")
+	}
+	if err := rdb.XAdd(testCtx(t), &redis.XAddArgs{Stream: stream, Values: map[string]any{"body": "y"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res3 := mustDerive(t, cfg, nil); res3.DerivedFrom != res2.DerivedFrom {
+		t.Errorf("derivedFrom moved with a new entry, not a trim:\n%s\n%s", res2.DerivedFrom, res3.DerivedFrom)
 	}
 
 	// maxReplayAge changes: Derive follows.

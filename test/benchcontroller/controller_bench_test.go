@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 const (
@@ -27,10 +29,19 @@ const (
 	secretName    = "bench-db"
 	inboxSchema   = "projections"
 	streamMaxAge  = 48 * time.Hour
-	tablesPerIDC  = 6 // the effect table (created up front, as a service's migration would), inbox, dead letters, prune runs, redrives, meta
 	defaultN      = 300
 	defaultWithin = 12 * time.Minute
+	// defaultSteady is how long the steady state after Ready is watched.
+	defaultSteady = 5 * time.Minute
+	// defaultPeriod is the manager's --retention-period in the run: short
+	// enough that the steady state sees every resource's broker read
+	// several times.
+	defaultPeriod = time.Minute
 )
+
+// tablesPerIDC is the effect table (created up front, as a service's
+// migration would) and every table of the inbox, from the inbox's own list.
+var tablesPerIDC = 1 + len(inbox.NamesFor(config.Sink{InboxTable: "inbox_bench"}).Tables())
 
 // settings come from the environment so the Makefile target stays one line.
 type settings struct {
@@ -40,10 +51,25 @@ type settings struct {
 	// IDC_BENCH_MAX_CONCURRENT sets --max-concurrent-reconciles; unset keeps
 	// the manager's default.
 	maxConcurrent string
+	steady        time.Duration // IDC_BENCH_STEADY: how long the steady state is watched (0 skips it)
+	period        time.Duration // IDC_BENCH_RETENTION_PERIOD: the manager's --retention-period
 }
 
 func readSettings(b *testing.B) settings {
-	s := settings{resources: defaultN, within: defaultWithin, managerLog: os.Getenv("IDC_BENCH_MANAGER_LOG"), maxConcurrent: os.Getenv("IDC_BENCH_MAX_CONCURRENT")}
+	s := settings{resources: defaultN, within: defaultWithin, managerLog: os.Getenv("IDC_BENCH_MANAGER_LOG"), maxConcurrent: os.Getenv("IDC_BENCH_MAX_CONCURRENT"),
+		steady: defaultSteady, period: defaultPeriod}
+	for name, d := range map[string]*time.Duration{"IDC_BENCH_STEADY": &s.steady, "IDC_BENCH_RETENTION_PERIOD": &s.period} {
+		if v := os.Getenv(name); v != "" {
+			parsed, err := time.ParseDuration(v)
+			if err != nil || parsed < 0 {
+				b.Fatalf("%s=%q: want a Go duration", name, v)
+			}
+			*d = parsed
+		}
+	}
+	if s.period <= 0 {
+		b.Fatal("IDC_BENCH_RETENTION_PERIOD must be positive")
+	}
 	if v := os.Getenv("IDC_BENCH_RESOURCES"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
@@ -123,7 +149,7 @@ func BenchmarkController(b *testing.B) {
 	if s.maxConcurrent != "" {
 		extra = append(extra, "--max-concurrent-reconciles="+s.maxConcurrent)
 	}
-	mgr := startManager(b, bin, cl.kubeconfig, logPath, extra...)
+	mgr := startManager(b, bin, cl.kubeconfig, logPath, s.period, extra...)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
@@ -251,6 +277,71 @@ func BenchmarkController(b *testing.B) {
 			where = "removed at exit; set IDC_BENCH_MANAGER_LOG to keep it"
 		}
 		diag("manager log (%s): %s", where, sum)
+	}
+	if s.steady > 0 {
+		steadyState(ctx, b, s, mgr, cl, n)
+	}
+}
+
+// steadyState watches the cluster after every resource is Ready, with
+// nothing changing, and counts what the manager writes and reads: status
+// and child writes from the kube-apiserver's own request counts, broker
+// reads from the manager's counter. Status and child writes must be 0;
+// broker reads about resources x duration / --retention-period.
+func steadyState(ctx context.Context, b *testing.B, s settings, mgr *managerProcess, cl *cluster, n int) {
+	b.Helper()
+	counters := []string{"idc_controller_broker_reads_total", "idc_controller_status_patches_total", "idc_controller_child_applies_total"}
+	reqBefore, err := requestCounts(ctx, cl.clientset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mBefore, err := mgr.counters(counters...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, rssBefore, _ := mgr.memory()
+	select {
+	case <-time.After(s.steady):
+	case <-mgr.done:
+		b.Fatalf("the manager exited during the steady state: %v\n%s", mgr.waitErr, mgr.logTail(40))
+	}
+	reqAfter, err := requestCounts(ctx, cl.clientset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mAfter, err := mgr.counters(counters...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	peak, rssAfter, _ := mgr.memory()
+	var statusWrites, childWrites float64
+	for key, v := range reqAfter {
+		verb, res, _ := strings.Cut(key, " ")
+		res, _, _ = strings.Cut(res, " ")
+		d := v - reqBefore[key]
+		switch {
+		case d == 0 || verb == "GET" || verb == "LIST" || verb == "WATCH":
+		case res == "idempotentconsumers/status":
+			statusWrites += d
+		case res == "deployments/status":
+			// The benchmark's own Deployment player.
+		case res == "configmaps" || res == "deployments" || res == "cronjobs" || res == "jobs":
+			childWrites += d
+		}
+	}
+	reads := mAfter["idc_controller_broker_reads_total"] - mBefore["idc_controller_broker_reads_total"]
+	expected := float64(n) * s.steady.Seconds() / s.period.Seconds()
+	fmt.Printf("BENCH controller_steady resources=%d seconds=%.0f retention_period=%s status_writes=%.0f child_writes=%.0f broker_reads=%.0f broker_reads_expected=%.0f manager_rss_mib=%.0f\n",
+		n, s.steady.Seconds(), s.period, statusWrites, childWrites, reads, expected, rssAfter)
+	diag("steady state: the manager counted %.0f status patches and %.0f child applies; VmRSS %.0f -> %.0f MiB (VmHWM %.0f); kube-apiserver requests:%s",
+		mAfter["idc_controller_status_patches_total"]-mBefore["idc_controller_status_patches_total"],
+		mAfter["idc_controller_child_applies_total"]-mBefore["idc_controller_child_applies_total"], rssBefore, rssAfter, peak, requestDelta(reqBefore, reqAfter))
+	if statusWrites != 0 || childWrites != 0 {
+		b.Errorf("steady state: %.0f status writes and %.0f child writes in %s, want 0", statusWrites, childWrites, s.steady)
+	}
+	// One read per resource per period, +10% jitter, +-1 period at the ends.
+	if reads < expected*0.7 || reads > expected*1.3+float64(n) {
+		b.Errorf("steady state: %.0f broker reads in %s, want about %.0f (resources x duration / --retention-period)", reads, s.steady, expected)
 	}
 }
 

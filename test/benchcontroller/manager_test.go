@@ -38,6 +38,7 @@ func buildManager(b *testing.B, dir string) string {
 type managerProcess struct {
 	cmd     *exec.Cmd
 	logPath string
+	metrics string // host:port of the plain-HTTP metrics endpoint
 	done    chan struct{} // closed when the process exited
 	waitErr error
 }
@@ -54,14 +55,15 @@ func freePort(b *testing.B) int {
 
 // startManager runs bin against kubeconfig and waits for its /readyz. Its
 // output goes to logPath. It is stopped with SIGTERM at cleanup.
-func startManager(b *testing.B, bin, kubeconfig, logPath string, extraArgs ...string) *managerProcess {
+func startManager(b *testing.B, bin, kubeconfig, logPath string, retentionPeriod time.Duration, extraArgs ...string) *managerProcess {
 	b.Helper()
 	probe := fmt.Sprintf("127.0.0.1:%d", freePort(b))
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(b))
 	args := append([]string{
-		"--metrics-bind-address=0",
+		"--metrics-bind-address=" + metrics,
+		"--metrics-secure=false",
 		"--health-probe-bind-address=" + probe,
-		// Long enough that no periodic re-derivation falls inside the run.
-		"--retention-period=1h",
+		"--retention-period=" + retentionPeriod.String(),
 		"--leader-elect=false",
 	}, extraArgs...)
 	logFile, err := os.Create(logPath)
@@ -75,7 +77,7 @@ func startManager(b *testing.B, bin, kubeconfig, logPath string, extraArgs ...st
 		logFile.Close()
 		b.Fatalf("while starting the manager: %v", err)
 	}
-	m := &managerProcess{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	m := &managerProcess{cmd: cmd, logPath: logPath, metrics: metrics, done: make(chan struct{})}
 	go func() {
 		m.waitErr = cmd.Wait()
 		logFile.Close()
@@ -101,6 +103,32 @@ func startManager(b *testing.B, bin, kubeconfig, logPath string, extraArgs ...st
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// counters sums the manager's own counters by metric name (all label
+// values together), read from its metrics endpoint.
+func (m *managerProcess) counters(names ...string) (map[string]float64, error) {
+	resp, err := http.Get("http://" + m.metrics + "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("while reading the manager's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, n := range names {
+			if line == n || strings.HasPrefix(line, n+" ") || strings.HasPrefix(line, n+"{") {
+				fields := strings.Fields(line)
+				v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+				if err == nil {
+					out[n] += v
+				}
+			}
+		}
+	}
+	return out, sc.Err()
 }
 
 // exited reports whether the process is gone.
