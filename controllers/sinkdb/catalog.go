@@ -236,4 +236,3 @@ func checkPrivileges(ctx context.Context, tx pgx.Tx, relID uint32, qualified str
 	}
 	return nil
 }
-

@@ -38,7 +38,7 @@ func buildManager(b *testing.B, dir string) string {
 type managerProcess struct {
 	cmd     *exec.Cmd
 	logPath string
-	metrics string // host:port of the plain-HTTP metrics endpoint
+	metrics string        // host:port of the plain-HTTP metrics endpoint
 	done    chan struct{} // closed when the process exited
 	waitErr error
 }
