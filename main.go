@@ -35,6 +35,7 @@ func main() {
 func run() error {
 	var (
 		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
+		pprofAddr                                             string
 		leaderElect, secureMetrics, enableHTTP2               bool
 		retentionPeriod, dropTimeout                          time.Duration
 		maxConcurrent, apiBurst                               int
@@ -44,14 +45,15 @@ func run() error {
 	flag.BoolVar(&secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false, "Enable HTTP/2 for the metrics server (off: CVE-2023-44487, CVE-2023-39325).")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
+	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address of Go's /debug/pprof endpoints (e.g. 127.0.0.1:6060); empty disables them.")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader so only one manager reconciles.")
 	flag.StringVar(&watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches all.")
 	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
 	flag.DurationVar(&dropTimeout, "drop-timeout", 10*time.Minute, "How long a deletion with deletionPolicy Delete retries an unreachable sink database before it leaves the tables in place (with a Warning event) and lets the resource go.")
-	flag.Float64Var(&apiQPS, "kube-api-qps", 50, "Requests per second the manager may send to the Kubernetes API server.")
-	flag.IntVar(&apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
+	flag.Float64Var(&apiQPS, "kube-api-qps", 0, "Client-side limit of requests per second to the Kubernetes API server; 0 sets none and leaves it to the API server's priority and fairness.")
+	flag.IntVar(&apiBurst, "kube-api-burst", 0, "Burst of requests above --kube-api-qps (with a limit set).")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)
@@ -86,12 +88,15 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
-	restCfg.QPS, restCfg.Burst = float32(apiQPS), apiBurst
+	if apiQPS > 0 {
+		restCfg.QPS, restCfg.Burst = float32(apiQPS), max(apiBurst, int(apiQPS))
+	}
 
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsOpts,
 		HealthProbeBindAddress: probeAddr,
+		PprofBindAddress:       pprofAddr,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "idc-operator.messaging.idempotency.dev",
 		Cache:                  controllers.CacheOptions(namespaces),

@@ -78,8 +78,15 @@ var childApplies = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Server-side applies of rendered children (ConfigMap, Deployment, CronJob) by kind; a child whose rendering and live generation are unchanged is not applied.",
 }, []string{"kind"})
 
+// phaseSeconds is how long each phase of a pass takes.
+var phaseSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	Name:    "idc_controller_phase_duration_seconds",
+	Help:    "Duration of each reconcile phase (render, conflict, secrets, finalizer, inbox, effect, broker, retention, children, last-prune, outbox, id-conflicts, redrive).",
+	Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+}, []string{"phase"})
+
 func init() {
-	ctrlmetrics.Registry.MustRegister(brokerReads, statusPatches, childApplies)
+	ctrlmetrics.Registry.MustRegister(brokerReads, statusPatches, childApplies, phaseSeconds)
 }
 
 // brokerReading is a read kept between passes: the broker is read at most

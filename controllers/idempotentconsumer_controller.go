@@ -189,14 +189,16 @@ func jitter(d time.Duration) time.Duration {
 // CacheOptions are the manager's cache settings: the watched namespaces,
 // and for the children only the objects that carry the operator's
 // managed-by label, so memory grows with the operator's own objects, not
-// with the cluster's ConfigMaps, Deployments, CronJobs and Jobs.
+// with the cluster's ConfigMaps, Deployments, CronJobs and Jobs. No cached
+// object keeps its managedFields (nothing here reads them; with
+// server-side apply they are often the largest part of an object).
 func CacheOptions(namespaces map[string]cache.Config) cache.Options {
 	mine := labels.SelectorFromSet(labels.Set{labelManagedBy: managedBy})
 	byObject := map[client.Object]cache.ByObject{}
 	for _, obj := range []client.Object{&corev1.ConfigMap{}, &appsv1.Deployment{}, &batchv1.CronJob{}, &batchv1.Job{}} {
 		byObject[obj] = cache.ByObject{Label: mine}
 	}
-	return cache.Options{DefaultNamespaces: namespaces, ByObject: byObject}
+	return cache.Options{DefaultNamespaces: namespaces, ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
 }
 
 // SetupWithManager registers the controller, its watches and field indexes.

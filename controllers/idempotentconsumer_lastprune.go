@@ -112,4 +112,5 @@ func DescribeMetrics(ch chan<- *prometheus.Desc) {
 	brokerReads.Describe(ch)
 	statusPatches.Describe(ch)
 	childApplies.Describe(ch)
+	phaseSeconds.Describe(ch)
 }

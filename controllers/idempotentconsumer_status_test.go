@@ -101,11 +101,17 @@ func TestSetConditions(t *testing.T) {
 func TestConditionTransitionTimeOnlyMovesOnChange(t *testing.T) {
 	idc := &messagingv1alpha1.IdempotentConsumer{}
 	setConditions(idc, &observation{secrets: okOutcome("Ready", ""), inbox: okOutcome("Provisioned", "")})
-	first := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionInboxReady).LastTransitionTime
-	time.Sleep(1100 * time.Millisecond)
+	// Date the condition in the past instead of waiting: a pass that keeps
+	// its status must keep that time, one that changes it must move it.
+	past := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionInboxReady).LastTransitionTime = past
 	setConditions(idc, &observation{secrets: okOutcome("Ready", ""), inbox: okOutcome("Provisioned", "again")})
-	if got := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionInboxReady).LastTransitionTime; !got.Equal(&first) {
-		t.Fatalf("lastTransitionTime moved without a status change: %v -> %v", first, got)
+	if got := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionInboxReady).LastTransitionTime; !got.Equal(&past) {
+		t.Fatalf("lastTransitionTime moved without a status change: %v -> %v", past, got)
+	}
+	setConditions(idc, &observation{secrets: okOutcome("Ready", ""), inbox: failed(messagingv1alpha1.ReasonDatabaseError, "down")})
+	if got := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionInboxReady).LastTransitionTime; got.Equal(&past) {
+		t.Fatal("lastTransitionTime did not move when the status changed")
 	}
 }
 

@@ -90,7 +90,9 @@ func (r *Reconciler) phases() []phase {
 func (r *Reconciler) runPhases(ctx context.Context, s *scope) (ctrl.Result, error) {
 	var res ctrl.Result
 	for _, p := range r.phases() {
+		start := time.Now()
 		pr, err := p.run(ctx, s)
+		phaseSeconds.WithLabelValues(p.name).Observe(time.Since(start).Seconds())
 		if pr.RequeueAfter > 0 && (res.RequeueAfter == 0 || pr.RequeueAfter < res.RequeueAfter) {
 			res.RequeueAfter = pr.RequeueAfter
 		}

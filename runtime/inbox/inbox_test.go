@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -430,3 +431,81 @@ func TestNamesTablesListsWhatMigrateCreates(t *testing.T) {
 		t.Fatalf("Migrate created %v, Names.Tables lists %v", created, listed)
 	}
 }
+
+// Inboxes sharing a schema migrate at once (they used to take turns on a
+// schema-wide lock for the whole DDL), including into a schema none of
+// them found.
+func TestMigrateOfManyInboxesInOneNewSchema(t *testing.T) {
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		s, err := New(pool, config.Sink{Schema: "shared", InboxTable: fmt.Sprintf("inbox_%d", i), Layout: config.LayoutTable})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { errs <- s.Migrate(ctx) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate of inboxes in one schema: %v", err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = 'shared'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if want := 8 * len(NamesFor(config.Sink{InboxTable: "x"}).Tables()); n != want {
+		t.Fatalf("%d tables in schema shared, want %d", n, want)
+	}
+}
+
+// A role a DBA grants USAGE and CREATE on an existing schema, and nothing on
+// the database, migrates: the schema is not created again.
+func TestMigrateUnderASchemaOnlyRole(t *testing.T) {
+	pool, dsn := pgtest.NewPool(t)
+	ctx := context.Background()
+	role := "idc_schema_only_" + strings.ReplaceAll(randomName(), "-", "_")
+	pgtest.Exec(t, pool, "CREATE SCHEMA app",
+		"CREATE ROLE "+role+" LOGIN",
+		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+		"GRANT USAGE, CREATE ON SCHEMA app TO "+role)
+	t.Cleanup(func() {
+		pgtest.Exec(t, pool, "DROP OWNED BY "+role)
+		admin, err := pgx.Connect(context.Background(), pgtest.AdminDSN())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer admin.Close(context.Background())
+		pool.Close()
+		if _, err := admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role); err != nil {
+			t.Logf("dropping %s: %v", role, err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rolePool.Close)
+	s, err := New(rolePool, config.Sink{Schema: "app", InboxTable: "inbox_orders", Layout: config.LayoutTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate as a role with USAGE and CREATE on the schema only: %v", err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v != SchemaVersion {
+		t.Fatalf("SchemaVersion = %d, %v", v, err)
+	}
+}
+
+func randomName() string { return fmt.Sprintf("%08x", rand.Uint32()) }

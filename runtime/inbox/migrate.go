@@ -16,13 +16,10 @@ import (
 // replicas at once (they serialize on an advisory lock). It refuses an
 // existing inbox of the other layout: the layout cannot change in place.
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.ensureSchema(ctx); err != nil {
+		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
+	}
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		// CREATE SCHEMA IF NOT EXISTS is not safe against a concurrent
-		// create (unique violation on pg_namespace): inboxes sharing a
-		// schema take turns on a schema-wide lock.
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int, 1)", schemaLockKey(s.names.Schema)); err != nil {
-			return fmt.Errorf("while taking the schema DDL lock: %w", err)
-		}
 		current, err := s.isCurrent(ctx, tx)
 		if err != nil || current {
 			// An inbox at this version runs no DDL: ALTER TABLE takes an
@@ -63,13 +60,38 @@ func (s *Store) isCurrent(ctx context.Context, tx pgx.Tx) (bool, error) {
 	return version == SchemaVersion && layout == string(s.layout), nil
 }
 
+// ensureSchema creates the schema when it does not exist. An existing one
+// is left alone, so a role with only USAGE and CREATE on a schema a DBA
+// made (and no CREATE on the database) can migrate, and inboxes sharing a
+// schema do not take turns: only the create itself, which is not safe
+// against a concurrent one (unique violation on pg_namespace), runs under
+// a schema-wide lock, in its own short transaction.
+func (s *Store) ensureSchema(ctx context.Context) error {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, s.names.Schema).Scan(&exists); err != nil {
+		return fmt.Errorf("while looking for schema %s: %w", s.names.Schema, err)
+	}
+	if exists {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1::int, 1)", schemaLockKey(s.names.Schema)); err != nil {
+			return fmt.Errorf("while taking the schema DDL lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident(s.names.Schema)); err != nil {
+			return fmt.Errorf("while creating schema %s: %w", s.names.Schema, err)
+		}
+		return nil
+	})
+}
+
 func schemaLockKey(schema string) int32 {
 	return int32(crc32.ChecksumIEEE([]byte("schema:" + schema)))
 }
 
 func (s *Store) ddl() []string {
 	n := s.names
-	stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + ident(n.Schema)}
+	var stmts []string
 	if s.layout == config.LayoutPartitioned {
 		// published_on comes from the broker's stored publish time, stable
 		// across redeliveries, so a message always maps to one partition.

@@ -255,6 +255,18 @@ func BenchmarkController(b *testing.B) {
 		sinceStart(ready.last(), start), peak, current, cpu)
 	diag("create -> Ready per resource: p50 %s, p90 %s, max %s",
 		percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond))
+	if path := os.Getenv("IDC_BENCH_HEAP_PROFILE"); path != "" {
+		if err := mgr.saveHeapProfile(path); err != nil {
+			diag("saving the heap profile: %v", err)
+		} else {
+			diag("heap profile of the manager once all were Ready: %s (go tool pprof -sample_index=inuse_space %s)", path, path)
+		}
+	}
+	if phases, err := mgr.phaseTimes(); err != nil {
+		diag("%v", err)
+	} else {
+		diag("manager time per phase (total/passes, mean), slowest first:%s", phases)
+	}
 	player.mu.Lock()
 	diag("Deployment player: %d status writes, %d conflicts, %d other failures (last: %v)", player.marked, player.conflicts, player.failure, player.lastErr)
 	player.mu.Unlock()

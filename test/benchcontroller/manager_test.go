@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -39,6 +40,7 @@ type managerProcess struct {
 	cmd     *exec.Cmd
 	logPath string
 	metrics string        // host:port of the plain-HTTP metrics endpoint
+	pprof   string        // host:port of /debug/pprof
 	done    chan struct{} // closed when the process exited
 	waitErr error
 }
@@ -59,7 +61,9 @@ func startManager(b *testing.B, bin, kubeconfig, logPath string, retentionPeriod
 	b.Helper()
 	probe := fmt.Sprintf("127.0.0.1:%d", freePort(b))
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(b))
+	pprof := fmt.Sprintf("127.0.0.1:%d", freePort(b))
 	args := append([]string{
+		"--pprof-bind-address=" + pprof,
 		"--metrics-bind-address=" + metrics,
 		"--metrics-secure=false",
 		"--health-probe-bind-address=" + probe,
@@ -77,7 +81,7 @@ func startManager(b *testing.B, bin, kubeconfig, logPath string, retentionPeriod
 		logFile.Close()
 		b.Fatalf("while starting the manager: %v", err)
 	}
-	m := &managerProcess{cmd: cmd, logPath: logPath, metrics: metrics, done: make(chan struct{})}
+	m := &managerProcess{cmd: cmd, logPath: logPath, metrics: metrics, pprof: pprof, done: make(chan struct{})}
 	go func() {
 		m.waitErr = cmd.Wait()
 		logFile.Close()
@@ -129,6 +133,59 @@ func (m *managerProcess) counters(names ...string) (map[string]float64, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// phaseTimes is the manager's time per reconcile phase: "phase total/passes
+// (mean)" for each, from idc_controller_phase_duration_seconds.
+func (m *managerProcess) phaseTimes() (string, error) {
+	resp, err := http.Get("http://" + m.metrics + "/metrics")
+	if err != nil {
+		return "", fmt.Errorf("while reading the manager's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	sums, counts := map[string]float64{}, map[string]float64{}
+	re := regexp.MustCompile(`^idc_controller_phase_duration_seconds_(sum|count)\{phase="([^"]+)"\} (\S+)$`)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if g := re.FindStringSubmatch(sc.Text()); g != nil {
+			v, _ := strconv.ParseFloat(g[3], 64)
+			if g[1] == "sum" {
+				sums[g[2]] = v
+			} else {
+				counts[g[2]] = v
+			}
+		}
+	}
+	phases := make([]string, 0, len(sums))
+	for p := range sums {
+		phases = append(phases, p)
+	}
+	sort.Slice(phases, func(i, j int) bool { return sums[phases[i]] > sums[phases[j]] })
+	var sb strings.Builder
+	for _, p := range phases {
+		mean := 0.0
+		if counts[p] > 0 {
+			mean = sums[p] / counts[p]
+		}
+		fmt.Fprintf(&sb, " %s %.1fs/%.0f (%.1fms)", p, sums[p], counts[p], mean*1000)
+	}
+	return sb.String(), sc.Err()
+}
+
+// saveHeapProfile writes the manager's heap profile to path (go tool pprof).
+func (m *managerProcess) saveHeapProfile(path string) error {
+	resp, err := http.Get("http://" + m.pprof + "/debug/pprof/heap")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }
 
 // exited reports whether the process is gone.
