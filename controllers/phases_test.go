@@ -276,7 +276,7 @@ func TestSteadyStateWritesNothing(t *testing.T) {
 
 	for range 5 {
 		h.clk.Step(time.Minute / 2)
-		idc, _ = h.pass()
+		h.pass()
 	}
 	if p, a := h.counts(); p != patches || a != applies {
 		t.Errorf("steady passes wrote %d status patches and %d applies, want none", p-patches, a-applies)

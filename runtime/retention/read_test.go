@@ -32,12 +32,12 @@ func (c *dialCounter) dial(ctx context.Context, network, addr string) (net.Conn,
 }
 
 // readCounting is Read through a fresh dial counter.
-func readCounting(t *testing.T, cfg *config.Config, getenv Getenv) (Reading, error, int32) {
+func readCounting(t *testing.T, cfg *config.Config, getenv Getenv) (Reading, int32, error) {
 	t.Helper()
 	var c dialCounter
 	r, err := read(testCtx(t), cfg, getenv, time.Now(), c.dial, true)
 	t.Logf("window=%s lag=%d lagErr=%v err=%v dials=%d", FormatDuration(r.Result.Window), r.Lag, r.LagErr, err, c.n.Load())
-	return r, err, c.n.Load()
+	return r, c.n.Load(), err
 }
 
 // wantOneDial fails unless the reading has both the window and the lag
@@ -70,7 +70,7 @@ func TestReadJetStream(t *testing.T) {
 		}
 	}
 	cfg := jsConfig(name, "projector", retention(24*time.Hour, time.Hour, 0))
-	r, err, dials := readCounting(t, cfg, nil)
+	r, dials, err := readCounting(t, cfg, nil)
 	// The window as TestJetStreamLive derives it, the limits read on the way.
 	wantOneDial(t, r, err, dials, 49*time.Hour, 20)
 	if r.Result.Limits.MaxAckPending != 77 {
@@ -79,7 +79,7 @@ func TestReadJetStream(t *testing.T) {
 
 	// A consumer that does not exist yet: the window from the defaults, the
 	// lag alone fails.
-	r, err, dials = readCounting(t, jsConfig(name, "not-yet", retention(24*time.Hour, time.Hour, 0)), nil)
+	r, dials, err = readCounting(t, jsConfig(name, "not-yet", retention(24*time.Hour, time.Hour, 0)), nil)
 	if err != nil || r.Result.Window != 49*time.Hour || !errors.Is(r.LagErr, ErrSourceNotFound) || dials != 1 {
 		t.Fatalf("missing consumer: window %s, %v, lag error %v, %d dials; want 49h, the lag alone ErrSourceNotFound, one dial",
 			r.Result.Window, err, r.LagErr, dials)
@@ -99,7 +99,7 @@ func TestReadExplicitReadsOnlyTheLag(t *testing.T) {
 		}
 	}
 	explicit := config.Retention{Mode: ModeExplicit, Window: config.Duration{Duration: 168 * time.Hour}}
-	r, err, dials := readCounting(t, jsConfig(name, "projector", explicit), nil)
+	r, dials, err := readCounting(t, jsConfig(name, "projector", explicit), nil)
 	wantOneDial(t, r, err, dials, 168*time.Hour, 3)
 	if r.Result.Source != SourceDeclared {
 		t.Errorf("source %s, want Declared", r.Result.Source)
@@ -108,7 +108,7 @@ func TestReadExplicitReadsOnlyTheLag(t *testing.T) {
 	// The broker down: the window still comes from the spec, the lag fails
 	// without failing Read, and the error shows no credential.
 	down := baseConfig(config.Source{NATSJetStream: &config.JetStream{URL: "nats://idc:s3cret-pw@127.0.0.1:1", Stream: name, Consumer: "projector"}}, explicit)
-	r, err, _ = readCounting(t, down, nil)
+	r, _, err = readCounting(t, down, nil)
 	if err != nil || r.Result.Window != 168*time.Hour || !errors.Is(r.LagErr, ErrBrokerUnreachable) {
 		t.Fatalf("explicit, broker down: window %s, %v, lag error %v; want 168h, no error, ErrBrokerUnreachable", r.Result.Window, err, r.LagErr)
 	}
@@ -121,13 +121,13 @@ func TestReadErrors(t *testing.T) {
 	// Unreachable in Derived mode: Derive's error, and no lag.
 	cfg := baseConfig(config.Source{NATSJetStream: &config.JetStream{URL: "nats://idc:s3cret-pw@127.0.0.1:1", Stream: "S", Consumer: "c"}},
 		retention(time.Hour, time.Hour, 0))
-	r, err, _ := readCounting(t, cfg, nil)
+	r, _, err := readCounting(t, cfg, nil)
 	if !errors.Is(err, ErrBrokerUnreachable) || r.LagErr == nil || strings.Contains(err.Error(), "s3cret-pw") {
 		t.Fatalf("unreachable: %v (lag error %v); want ErrBrokerUnreachable without the password, and no lag", err, r.LagErr)
 	}
 	// An invalid spec fails before any broker call.
 	cfg.Retention.SafetyMargin.Duration = -time.Second
-	if _, err, dials := readCounting(t, cfg, nil); !errors.Is(err, ErrInvalidSpec) || dials != 0 {
+	if _, dials, err := readCounting(t, cfg, nil); !errors.Is(err, ErrInvalidSpec) || dials != 0 {
 		t.Fatalf("invalid spec: %v after %d dials, want ErrInvalidSpec and none", err, dials)
 	}
 }
@@ -146,12 +146,12 @@ func TestReadRedisStreams(t *testing.T) {
 	}
 	// Without maxReplayAge: ErrUnboundedReplay, the Result still filled in
 	// and the lag still read.
-	r, err, dials := readCounting(t, redisCfg(stream, retention(24*time.Hour, time.Hour, 0)), nil)
+	r, dials, err := readCounting(t, redisCfg(stream, retention(24*time.Hour, time.Hour, 0)), nil)
 	if !errors.Is(err, ErrUnboundedReplay) || r.Result.DerivedFrom == "" || r.LagErr != nil || r.Lag != 30 || dials != 1 {
 		t.Fatalf("unbounded: %v, derivedFrom %q, lag %d (%v), %d dials; want ErrUnboundedReplay with the inputs, lag 30, one dial",
 			err, r.Result.DerivedFrom, r.Lag, r.LagErr, dials)
 	}
-	r, err, dials = readCounting(t, redisCfg(stream, retention(24*time.Hour, time.Hour, 720*time.Hour)), nil)
+	r, dials, err = readCounting(t, redisCfg(stream, retention(24*time.Hour, time.Hour, 720*time.Hour)), nil)
 	wantOneDial(t, r, err, dials, 721*time.Hour, 30)
 }
 
@@ -167,7 +167,7 @@ func TestReadRabbitMQ(t *testing.T) {
 	// The management statistics trail the queue by a few seconds.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		r, err, dials := readCounting(t, cfg, rabbitEnv)
+		r, dials, err := readCounting(t, cfg, rabbitEnv)
 		if err == nil && r.Lag == 12 || time.Now().After(deadline) {
 			// L = 1h, classic: W = 1h + 1h, as TestRabbitMQLiveClassicTTL.
 			wantOneDial(t, r, err, dials, 2*time.Hour, 12)
@@ -193,7 +193,7 @@ func TestReadKafka(t *testing.T) {
 	}
 	// One franz-go client serves both; it opens a connection per broker and
 	// request kind, so the dials are not counted here.
-	r, err, _ := readCounting(t, kafkaCfg(c, retention(24*time.Hour, time.Hour, 0), topic), nil)
+	r, _, err := readCounting(t, kafkaCfg(c, retention(24*time.Hour, time.Hour, 0), topic), nil)
 	if err != nil || r.LagErr != nil || r.Result.Window != 50*time.Hour || r.Lag != 10 {
 		t.Fatalf("Read: window %s lag %d (%v), %v; want 50h and 10", r.Result.Window, r.Lag, r.LagErr, err)
 	}
