@@ -196,9 +196,32 @@ func CacheOptions(namespaces map[string]cache.Config) cache.Options {
 	mine := labels.SelectorFromSet(labels.Set{labelManagedBy: managedBy})
 	byObject := map[client.Object]cache.ByObject{}
 	for _, obj := range []client.Object{&corev1.ConfigMap{}, &appsv1.Deployment{}, &batchv1.CronJob{}, &batchv1.Job{}} {
-		byObject[obj] = cache.ByObject{Label: mine}
+		byObject[obj] = cache.ByObject{Label: mine, Transform: slimChild}
 	}
 	return cache.Options{DefaultNamespaces: namespaces, ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
+}
+
+// slimChild drops from a cached child what the reconciler never reads: the
+// managedFields, the pod templates and a ConfigMap's data. The reconciler
+// reads a child's owner, labels, annotations, generation, resourceVersion,
+// replicas and status; everything it writes it renders whole and applies,
+// and a change someone makes to a template still moves the generation the
+// reconciler compares.
+func slimChild(in any) (any, error) {
+	if o, ok := in.(client.Object); ok {
+		o.SetManagedFields(nil)
+	}
+	switch o := in.(type) {
+	case *appsv1.Deployment:
+		o.Spec.Template = corev1.PodTemplateSpec{}
+	case *batchv1.CronJob:
+		o.Spec.JobTemplate = batchv1.JobTemplateSpec{}
+	case *batchv1.Job:
+		o.Spec.Template = corev1.PodTemplateSpec{}
+	case *corev1.ConfigMap:
+		o.Data, o.BinaryData = nil, nil
+	}
+	return in, nil
 }
 
 // SetupWithManager registers the controller, its watches and field indexes.
