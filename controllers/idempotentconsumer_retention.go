@@ -33,8 +33,9 @@ func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result,
 		msg := fmt.Sprintf("the broker can replay without bound (%s); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile", derived.DerivedFrom)
 		s.obs.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
 		s.obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
-		s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, retentionStatus(derived, s.reading.at))
-		s.idc.Status.Retention.Window = ""
+		st := retentionStatus(derived, s.reading.at)
+		st.Window = ""
+		s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, st)
 		s.window = 0
 		return ctrl.Result{}, nil
 	case err != nil:

@@ -114,14 +114,19 @@ func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reads++
-	if f.err != nil {
+	if f.err != nil && !errors.Is(f.err, retention.ErrUnboundedReplay) {
 		return BrokerReading{}, f.err
 	}
 	lag := int64(7)
-	return BrokerReading{Result: retention.Result{
+	res := retention.Result{
 		Window: f.window, Source: retention.SourceBroker, DerivedFrom: fmt.Sprintf("max_age=%s (fake)", f.window),
 		InputsHash: fmt.Sprintf("%x", int64(f.window)), ObservedAt: now, Limits: f.limits,
-	}, Lag: &lag}, nil
+	}
+	if f.err != nil {
+		// Unbounded replay: the horizons are filled in, the window is not.
+		res.Window, res.DerivedFrom = 0, "max_age=0 (unlimited) (fake)"
+	}
+	return BrokerReading{Result: res, Lag: &lag}, f.err
 }
 
 func (f *fakeBroker) readCount() int {
@@ -309,6 +314,26 @@ func TestSteadyStateWritesNothing(t *testing.T) {
 	h.pass()
 	if got := h.broker.readCount(); got != reads+2 {
 		t.Errorf("a source change was read %d times, want once", got-reads-1)
+	}
+}
+
+// An unbounded replay stalls, and reading the same unbounded broker again
+// writes nothing.
+func TestUnboundedReplayReadAgainWritesNothing(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.broker.err = fmt.Errorf("%w: stream ORDERS max_age=0", retention.ErrUnboundedReplay)
+	idc, _ := h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionStalled); got != "True/UnboundedReplay" {
+		t.Fatalf("Stalled = %s, want True/UnboundedReplay", got)
+	}
+	patches, _ := h.counts()
+	h.clk.Step(fakePeriod)
+	h.pass()
+	if h.broker.readCount() != 2 {
+		t.Fatalf("%d reads, want 2", h.broker.readCount())
+	}
+	if p, _ := h.counts(); p != patches {
+		t.Fatalf("a second read of the same unbounded broker wrote %d status patches, want none", p-patches)
 	}
 }
 

@@ -303,29 +303,26 @@ func BenchmarkController(b *testing.B) {
 func steadyState(ctx context.Context, b *testing.B, s settings, mgr *managerProcess, cl *cluster, n int) {
 	b.Helper()
 	counters := []string{"idc_controller_broker_reads_total", "idc_controller_status_patches_total", "idc_controller_child_applies_total"}
-	reqBefore, err := requestCounts(ctx, cl.clientset)
-	if err != nil {
-		b.Fatal(err)
+	// snapshot reads the kube-apiserver's request counts and the manager's
+	// counters and memory at one moment.
+	snapshot := func() (req, m map[string]float64, peak, rss float64) {
+		req, err := requestCounts(ctx, cl.clientset)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if m, err = mgr.counters(counters...); err != nil {
+			b.Fatal(err)
+		}
+		peak, rss, _ = mgr.memory()
+		return req, m, peak, rss
 	}
-	mBefore, err := mgr.counters(counters...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, rssBefore, _ := mgr.memory()
+	reqBefore, mBefore, _, rssBefore := snapshot()
 	select {
 	case <-time.After(s.steady):
 	case <-mgr.done:
 		b.Fatalf("the manager exited during the steady state: %v\n%s", mgr.waitErr, mgr.logTail(40))
 	}
-	reqAfter, err := requestCounts(ctx, cl.clientset)
-	if err != nil {
-		b.Fatal(err)
-	}
-	mAfter, err := mgr.counters(counters...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	peak, rssAfter, _ := mgr.memory()
+	reqAfter, mAfter, peak, rssAfter := snapshot()
 	var statusWrites, childWrites float64
 	for key, v := range reqAfter {
 		verb, res, _ := strings.Cut(key, " ")
