@@ -2,7 +2,7 @@
 # the development machines of this project have none), for users who have
 # Docker: static binaries with the version, in a distroless, non-root image
 # (65532, CA certificates, no shell). `make docker-build` passes the version.
-FROM golang:1.26 AS build
+FROM golang:1.27.3 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

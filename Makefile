@@ -15,6 +15,10 @@ K8S_BIN = $(LOCALBIN)/k8s/$(K8S_VERSION)-linux-amd64
 KUBECTL ?= $(K8S_BIN)/kubectl
 GO_LDFLAGS = -s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=$(VERSION) -X github.com/idempotency-dev/idc-operator/runtime/version.Commit=$(COMMIT)
 export GOFLAGS ?= -buildvcs=false
+# go.mod needs Go 1.27: the go command fetches go1.27.3 through the module
+# proxy (machines here default to GOTOOLCHAIN=local and their own Go 1.26).
+# Every shell entry point (.ci/run, hack/*.sh) sets the same.
+export GOTOOLCHAIN := go1.27.3
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 HELM ?= $(LOCALBIN)/helm
