@@ -215,8 +215,21 @@ $(CONTROLLER_GEN):
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from the Go module proxy into bin/ (the chart tests run it).
+# Stamped the way helm's own Makefile stamps its release binaries: its version,
+# and the Kubernetes version it assumes without --kube-version (client-go
+# v0.X.Y of helm's go.mod is Kubernetes 1.X; unstamped it would be v1.20.0,
+# below the chart's kubeVersion).
 $(HELM):
-	GOBIN=$(LOCALBIN) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@gomod="$$(cd $(LOCALBIN) && go mod download -json helm.sh/helm/v3@$(HELM_VERSION) | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$$/\1/p')"; \
+	cgo="$$(awk '$$1 == "k8s.io/client-go" { sub(/^v/, "", $$2); print $$2 }' "$$gomod")"; \
+	[ -n "$$cgo" ] || { echo "no k8s.io/client-go in helm's go.mod ($$gomod)" >&2; exit 1; }; \
+	major="$$(( $${cgo%%.*} + 1 ))"; minor="$$(echo "$$cgo" | cut -d. -f2)"; \
+	echo "building helm $(HELM_VERSION) for Kubernetes $$major.$$minor (client-go v$$cgo)"; \
+	GOBIN=$(LOCALBIN) go install -trimpath -ldflags "-s -w \
+	  -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) -X helm.sh/helm/v3/internal/version.metadata= \
+	  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$$major -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$$minor \
+	  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$$major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$$minor" \
+	  helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT)

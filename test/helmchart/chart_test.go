@@ -415,3 +415,44 @@ func keys(m map[string]*unstructured.Unstructured) []string {
 	}
 	return out
 }
+
+// TestTemplateWithoutKubeVersion runs `helm template` as a user would, with
+// no --kube-version: helm then assumes the Kubernetes version stamped into it
+// at build time, which `make helm` sets from helm's client-go the way helm's
+// release build does (unstamped, helm assumes v1.20.0, below the chart's
+// kubeVersion, and refuses to render).
+func TestTemplateWithoutKubeVersion(t *testing.T) {
+	out, err := helm(t, "template", "t", chartDir)
+	if err != nil {
+		t.Fatalf("helm template t %s (no --kube-version): %v", chartDir, err)
+	}
+	if !strings.Contains(out, "kind: Deployment") {
+		t.Fatalf("helm template rendered no Deployment:\n%s", out)
+	}
+
+	// The assumed version itself, as a template sees it.
+	probe := t.TempDir()
+	writeFile(t, filepath.Join(probe, "Chart.yaml"), "apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+	writeFile(t, filepath.Join(probe, "templates", "v.yaml"), "kubeVersion: {{ .Capabilities.KubeVersion.Version }}\n")
+	out, err = helm(t, "template", "t", probe)
+	if err != nil {
+		t.Fatalf("helm template of the probe chart: %v", err)
+	}
+	m := regexp.MustCompile(`kubeVersion: v1\.(\d+)\.0`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the probe chart printed no Kubernetes version v1.N.0:\n%s", out)
+	}
+	if minor, _ := strconv.Atoi(m[1]); minor < 30 {
+		t.Fatalf("helm assumes Kubernetes v1.%d.0 without --kube-version; the chart needs >= 1.30 (was helm built by `make helm`?)", minor)
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
