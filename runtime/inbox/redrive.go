@@ -39,9 +39,16 @@ const reasonClassSQL = `coalesce(reason_class, CASE
 	WHEN reason LIKE '%invalid JSON payload%' THEN 'invalid_json'
 	ELSE 'evaluation' END)`
 
-// SelectDeadLetters returns the ids of the dead-letter rows the filter
-// selects, oldest first.
-func (s *Store) SelectDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]int64, error) {
+// deadLetterFilterSQL is the WHERE clause of a DeadLetterFilter over
+// parameters $1 to $4 (deadLetterFilterArgs); $5 is the limit.
+const deadLetterFilterSQL = `(cardinality($1::text[]) = 0 OR ` + reasonClassSQL + ` = ANY($1::text[]))
+		  AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))
+		  AND ($3::timestamptz IS NULL OR dead_at >= $3)
+		  AND ($4::timestamptz IS NULL OR dead_at < $4)`
+
+// deadLetterFilterArgs are the parameters of deadLetterFilterSQL and the
+// limit.
+func deadLetterFilterArgs(f DeadLetterFilter) []any {
 	var since, until pgtype.Timestamptz
 	since.Time, since.Valid = f.Since, !f.Since.IsZero()
 	until.Time, until.Valid = f.Until, !f.Until.IsZero()
@@ -53,12 +60,14 @@ func (s *Store) SelectDeadLetters(ctx context.Context, q Querier, f DeadLetterFi
 	if ids == nil {
 		ids = []string{}
 	}
-	rows, err := q.Query(ctx, `SELECT id FROM `+s.deadLetters+`
-		WHERE (cardinality($1::text[]) = 0 OR `+reasonClassSQL+` = ANY($1::text[]))
-		  AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))
-		  AND ($3::timestamptz IS NULL OR dead_at >= $3)
-		  AND ($4::timestamptz IS NULL OR dead_at < $4)
-		ORDER BY id LIMIT $5`, classes, ids, since, until, limit)
+	return []any{classes, ids, since, until, limit}
+}
+
+// SelectDeadLetters returns the ids of the dead-letter rows the filter
+// selects, oldest first.
+func (s *Store) SelectDeadLetters(ctx context.Context, q Querier, f DeadLetterFilter) ([]int64, error) {
+	rows, err := q.Query(ctx, `SELECT id FROM `+s.deadLetters+` WHERE `+deadLetterFilterSQL+`
+		ORDER BY id LIMIT $5`, deadLetterFilterArgs(f)...)
 	if err != nil {
 		return nil, fmt.Errorf("while selecting dead letters: %w", err)
 	}

@@ -8,6 +8,7 @@
 //	idc-runtime migrate --config FILE [--log-level info|debug]
 //	idc-runtime prune   --config FILE [--window DURATION] [--log-level info|debug]
 //	idc-runtime redrive --config FILE [--reason CLASS]... [--id ID]... [--since T] [--until T] [--limit N] [--dry-run] [--run NAME]
+//	idc-runtime deadletters --config FILE [--reason CLASS]... [--id ID]... [--limit N] [--excerpt N] [-o json]
 //	idc-runtime version
 //
 // run consumes until SIGTERM or SIGINT, then finishes the batch in flight and
@@ -29,6 +30,12 @@
 // prints one JSON line of counts. Safe to repeat and next to live replicas.
 // A misconfigured sink or an unreachable database stops it with exit 1 and
 // the row unchanged.
+//
+// deadletters prints the dead letters (id, message id, reason class, an
+// excerpt of the reason, attempts, when) as one JSON line, oldest first, with
+// the total the filter selects; no payload. It only reads. `kubectl idc
+// deadletters` runs it in a short-lived Job with the resource's own config
+// and Secret, so the credentials stay in the cluster.
 //
 // Exit codes:
 //
@@ -100,6 +107,7 @@ commands:
   migrate  create the inbox tables and exit (--config FILE)
   prune    delete inbox entries older than the retention window (--config FILE [--window DURATION])
   redrive  replay dead letters exactly once (--config FILE [--reason CLASS]... [--id ID]... [--since T] [--until T] [--limit N] [--dry-run] [--run NAME])
+  deadletters  list dead letters as JSON, without payloads (--config FILE [--reason CLASS]... [--id ID]... [--limit N] [--excerpt N])
   version  print the version
 `
 
@@ -121,6 +129,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return pruneCommand(args[1:], stderr)
 	case "redrive":
 		return redriveCommand(args[1:], stdout, stderr)
+	case "deadletters":
+		return deadLettersCommand(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		_, _ = fmt.Fprintln(stdout, version.String())
 		return exitOK
