@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 
@@ -59,10 +60,13 @@ func redriveJobName(idc *messagingv1alpha1.IdempotentConsumer, token string) str
 
 // renderRedriveJob renders the Job of one token from the prune job's pod
 // template (same image, config, Secrets and security context).
-func renderRedriveJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, image, secretsHash, token, reason string) *batchv1.Job {
+func renderRedriveJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, image, secretsHash, token, reason string, ids []string) *batchv1.Job {
 	args := []string{"redrive", "--config", configMountPath + "/" + configKey, "--run", token}
 	if reason != "" {
 		args = append(args, "--reason", reason)
+	}
+	for _, id := range ids {
+		args = append(args, "--id", id)
 	}
 	container := corev1.Container{Name: componentRedrive, Command: []string{runtimeBinary}, Args: args}
 	spec := podSpec(idc, image, rc, container)
@@ -83,6 +87,31 @@ func renderRedriveJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedCon
 			},
 		},
 	}
+}
+
+// maxRedriveIDs bounds the ids annotation: each becomes an argument of the
+// Job's container.
+const maxRedriveIDs = 1000
+
+// redriveIDs reads the ids annotation: empty, or a JSON array of non-empty
+// message ids.
+func redriveIDs(v string) ([]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	var ids []string
+	if err := json.Unmarshal([]byte(v), &ids); err != nil {
+		return nil, fmt.Errorf("must be a JSON array of message ids, e.g. [\"o-1\",\"o-2\"]: %w", err)
+	}
+	if len(ids) > maxRedriveIDs {
+		return nil, fmt.Errorf("lists %d ids, at most %d", len(ids), maxRedriveIDs)
+	}
+	for i, id := range ids {
+		if id == "" {
+			return nil, fmt.Errorf("id %d is empty", i)
+		}
+	}
+	return ids, nil
 }
 
 // jobFinished says whether the Job ended and whether it succeeded.
@@ -165,7 +194,14 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
 		return nil
 	}
-	job := renderRedriveJob(idc, rc, image, secrets.hash, token, reason)
+	ids, err := redriveIDs(idc.Annotations[messagingv1alpha1.AnnotationRedriveIDs])
+	if err != nil {
+		msg := fmt.Sprintf("annotation %s: %v; nothing was redriven", messagingv1alpha1.AnnotationRedriveIDs, err)
+		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: msg}
+		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
+		return nil
+	}
+	job := renderRedriveJob(idc, rc, image, secrets.hash, token, reason, ids)
 	if err := controllerutil.SetControllerReference(idc, job, r.scheme); err != nil {
 		return fmt.Errorf("owning redrive Job %s: %w", job.Name, err)
 	}
@@ -237,6 +273,7 @@ var redriveAnnotationChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
 		return o[messagingv1alpha1.AnnotationRedrive] != n[messagingv1alpha1.AnnotationRedrive] ||
-			o[messagingv1alpha1.AnnotationRedriveReason] != n[messagingv1alpha1.AnnotationRedriveReason]
+			o[messagingv1alpha1.AnnotationRedriveReason] != n[messagingv1alpha1.AnnotationRedriveReason] ||
+			o[messagingv1alpha1.AnnotationRedriveIDs] != n[messagingv1alpha1.AnnotationRedriveIDs]
 	},
 }

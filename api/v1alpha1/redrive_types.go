@@ -11,6 +11,10 @@ const (
 	// class (missing_id, invalid_id, invalid_json, evaluation, database,
 	// http, id_conflict).
 	AnnotationRedriveReason = "messaging.idempotency.dev/redrive-reason"
+	// AnnotationRedriveIDs optionally limits a redrive to the dead letters
+	// of these message ids: a JSON array of strings, e.g. ["o-1","o-2"]
+	// (`kubectl idc redrive --id` writes it).
+	AnnotationRedriveIDs = "messaging.idempotency.dev/redrive-ids"
 )
 
 // RedrivePhase is where the redrive of one token is.

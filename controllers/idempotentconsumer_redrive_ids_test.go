@@ -1,0 +1,44 @@
+package controllers
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+)
+
+func TestRedriveIDsAnnotation(t *testing.T) {
+	for _, tc := range []struct {
+		value   string
+		want    []string
+		wantErr string
+	}{
+		{value: "", want: nil},
+		{value: `["o-1","o,2"]`, want: []string{"o-1", "o,2"}},
+		{value: `o-1,o-2`, wantErr: "JSON array"},
+		{value: `["o-1",""]`, wantErr: "id 1 is empty"},
+		{value: `[` + strings.Repeat(`"x",`, maxRedriveIDs) + `"x"]`, wantErr: "at most"},
+	} {
+		got, err := redriveIDs(tc.value)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%.40q: error %v, want one containing %q", tc.value, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%q: %v, %v; want %v", tc.value, got, err, tc.want)
+		}
+	}
+}
+
+func TestRedriveJobPassesReasonAndIDs(t *testing.T) {
+	idc := &messagingv1alpha1.IdempotentConsumer{}
+	idc.Name, idc.Namespace = "orders", "shop"
+	job := renderRedriveJob(idc, &renderedConfig{}, "img", "h", "tok", "invalid_json", []string{"o-1", "o-2"})
+	want := []string{"redrive", "--config", "/etc/idc/config.json", "--run", "tok", "--reason", "invalid_json", "--id", "o-1", "--id", "o-2"}
+	if got := job.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, want) {
+		t.Errorf("args %v, want %v", got, want)
+	}
+}
