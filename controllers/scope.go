@@ -46,7 +46,7 @@ func newScope(idc *messagingv1alpha1.IdempotentConsumer) *scope {
 
 // target is the resource's sink database for the sinkdb client.
 func (s *scope) target() sinkdb.Target {
-	return sinkdb.Target{Owner: s.key.String(), DSN: s.secrets.getenv(envPostgresDSN), Sink: s.rc.Config.Sink}
+	return sinkdb.Target{Owner: s.key.String(), DSN: s.secrets.getenv(envPostgresDSN), Sink: s.rc.Config.Sink, Outbox: s.rc.Config.UsesOutbox()}
 }
 
 // halt ends the pass after the current phase: what it observed explains

@@ -15,6 +15,8 @@ type Target struct {
 	Owner string
 	DSN   string
 	Sink  config.Sink
+	// Outbox: the inbox has an outbox table (config.UsesOutbox).
+	Outbox bool
 }
 
 // Client is the sink database on runtime/inbox: the controller and the
@@ -39,7 +41,7 @@ func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, *i
 	}
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	store, err := inbox.New(pool, t.Sink)
+	store, err := inbox.New(pool, t.Sink, inbox.WithOutbox(t.Outbox))
 	if err != nil {
 		return err
 	}
@@ -47,13 +49,15 @@ func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, *i
 }
 
 // Ensure creates the schema and tables idempotently and returns the schema
-// version now in place. An inbox already at this version costs one query;
-// only a missing or older one runs the DDL.
+// version now in place. An inbox already up to date costs one query (two
+// when migrated); only a missing or older one, or one without a table it
+// now uses, runs the DDL.
 func (c *Client) Ensure(ctx context.Context, t Target) (int, error) {
 	var v int
 	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
 		var err error
-		if v, err = s.SchemaVersion(ctx); err != nil || v == inbox.SchemaVersion {
+		var upToDate bool
+		if v, upToDate, err = s.UpToDate(ctx); err != nil || upToDate {
 			return err
 		}
 		if err := s.Migrate(ctx); err != nil {

@@ -86,7 +86,7 @@ type Consumer struct {
 // New builds the loop from the config. metrics may be nil (then they are
 // registered on a private registry).
 func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Metrics, logger logr.Logger) (*Consumer, error) {
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg)
 	if err != nil {
 		return nil, err
 	}

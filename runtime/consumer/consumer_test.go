@@ -54,7 +54,7 @@ func setup(t *testing.T, cfg *config.Config) (*pgxpool.Pool, string) {
 	pool, dsn := pgtest.NewPool(t)
 	pgtest.Exec(t, pool, "CREATE SCHEMA app",
 		"CREATE TABLE app.effects (seq bigserial, message_id text NOT NULL, n int CHECK (n >= 0))")
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

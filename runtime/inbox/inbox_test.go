@@ -19,9 +19,9 @@ import (
 
 var layouts = []config.Layout{config.LayoutTable, config.LayoutPartitioned}
 
-func newStore(t *testing.T, pool *pgxpool.Pool, layout config.Layout) *Store {
+func newStore(t *testing.T, pool *pgxpool.Pool, layout config.Layout, opts ...Option) *Store {
 	t.Helper()
-	s, err := New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_orders", Layout: layout})
+	s, err := New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_orders", Layout: layout}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,11 +405,9 @@ func TestDerivedNameStaysDistinct(t *testing.T) {
 	}
 }
 
-// Names.Tables is the inbox's own list of its tables: exactly what Migrate
-// creates in a Table-layout inbox (the benchmarks and the admission rules
-// count on it).
-func TestNamesTablesListsWhatMigrateCreates(t *testing.T) {
-	s, pool := migrated(t, config.LayoutTable)
+// schemaTables lists the tables of schema idc, sorted.
+func schemaTables(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
 	var created []string
 	rows, err := pool.Query(context.Background(), "SELECT tablename FROM pg_tables WHERE schemaname = 'idc' ORDER BY tablename")
 	if err != nil {
@@ -425,10 +423,124 @@ func TestNamesTablesListsWhatMigrateCreates(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	listed := slices.Clone(s.Names().Tables())
-	slices.Sort(listed)
-	if !slices.Equal(created, listed) {
-		t.Fatalf("Migrate created %v, Names.Tables lists %v", created, listed)
+	return created
+}
+
+// Names.Provisioned is the inbox's own list of the tables Migrate creates
+// for its options (the benchmarks count on it), and Names.Tables, which
+// admission reserves, is every table any option creates.
+func TestNamesProvisionedListsWhatMigrateCreates(t *testing.T) {
+	for _, o := range []Options{{}, {Outbox: true}, {Redrives: true}, {Outbox: true, Redrives: true}} {
+		t.Run(fmt.Sprintf("outbox=%v,redrives=%v", o.Outbox, o.Redrives), func(t *testing.T) {
+			pool, _ := pgtest.NewPool(t)
+			opts := []Option{WithOutbox(o.Outbox)}
+			if o.Redrives {
+				opts = append(opts, WithRedrives())
+			}
+			s := newStore(t, pool, config.LayoutTable, opts...)
+			if err := s.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			listed := slices.Clone(s.Names().Provisioned(o))
+			slices.Sort(listed)
+			if created := schemaTables(t, pool); !slices.Equal(created, listed) {
+				t.Fatalf("Migrate created %v, Names.Provisioned lists %v", created, listed)
+			}
+			if o.Outbox && o.Redrives && !slices.Equal(listed, slices.Sorted(slices.Values(s.Names().Tables()))) {
+				t.Fatalf("with every option Migrate created %v, Names.Tables lists %v", listed, s.Names().Tables())
+			}
+		})
+	}
+}
+
+// An inbox migrated without the optional tables gets each one when a store
+// that uses it migrates (a resource that adds spec.emit, the first
+// redrive), at the same schema version and without touching the tables it
+// has; until then UpToDate says the migration is due.
+func TestOptionalTablesAreCreatedWhenFirstUsed(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	plain := newStore(t, pool, config.LayoutTable)
+	if err := plain.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n := plain.Names()
+	if got := schemaTables(t, pool); slices.Contains(got, n.Outbox) || slices.Contains(got, n.Redrives) {
+		t.Fatalf("an inbox without options has %v: no outbox nor redrives log expected", got)
+	}
+	if v, ok, err := plain.UpToDate(ctx); err != nil || !ok || v != SchemaVersion {
+		t.Fatalf("plain store UpToDate = %d, %v, %v; want %d, true", v, ok, err, SchemaVersion)
+	}
+	// What the store without the tables reads of them is empty, not an error.
+	if sum, err := plain.RedriveSummary(ctx, "never"); err != nil || len(sum.Outcomes) != 0 {
+		t.Fatalf("RedriveSummary without the log = %+v, %v; want empty", sum, err)
+	}
+	if n, err := plain.PruneOutbox(ctx, time.Hour, 100, time.Second); err != nil || n != 0 {
+		t.Fatalf("PruneOutbox without the outbox = %d, %v; want 0, nil", n, err)
+	}
+
+	emitting := newStore(t, pool, config.LayoutTable, WithOutbox(true), WithRedrives())
+	if _, ok, err := emitting.UpToDate(ctx); err != nil || ok {
+		t.Fatalf("a store that uses the outbox on an inbox without one: UpToDate = %v, %v; want false", ok, err)
+	}
+	// A live replica holding a row lock on the inbox must not block the
+	// creation: no DDL touches the existing tables.
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, `INSERT INTO `+plain.QualifiedInbox()+` (message_id) VALUES ('held')`); err != nil {
+		t.Fatal(err)
+	}
+	migrateCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := emitting.Migrate(migrateCtx); err != nil {
+		t.Fatalf("creating the optional tables while a replica writes the inbox: %v", err)
+	}
+	if got := schemaTables(t, pool); !slices.Contains(got, n.Outbox) || !slices.Contains(got, n.Redrives) {
+		t.Fatalf("after migrating with both options the schema has %v", got)
+	}
+	if v, ok, err := emitting.UpToDate(ctx); err != nil || !ok || v != SchemaVersion {
+		t.Fatalf("after creating them UpToDate = %d, %v, %v; want %d, true", v, ok, err, SchemaVersion)
+	}
+}
+
+// An inbox of schema version 3 has an outbox without the columns version 4
+// added: upgrading it with a store that does not ask for the outbox still
+// upgrades the table it has, so a later emitting config finds it whole.
+func TestUpgradeKeepsAndUpgradesTheOptionalTablesItHas(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	s := newStore(t, pool, config.LayoutTable, WithOutbox(true), WithRedrives())
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Make it look like version 3: the outbox as 3 created it.
+	for _, st := range []string{
+		`ALTER TABLE ` + s.outbox + ` DROP COLUMN headers, DROP COLUMN order_key, DROP COLUMN attempts, DROP COLUMN last_error`,
+		`UPDATE ` + s.meta + ` SET schema_version = 3`,
+	} {
+		if _, err := pool.Exec(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := newStore(t, pool, config.LayoutTable).Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var cols int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_schema = 'idc' AND table_name = $1
+		AND column_name IN ('headers', 'order_key', 'attempts', 'last_error')`, s.Names().Outbox).Scan(&cols); err != nil {
+		t.Fatal(err)
+	}
+	if cols != 4 {
+		t.Fatalf("the upgraded outbox has %d of the 4 columns version 4 added", cols)
+	}
+	if got := schemaTables(t, pool); !slices.Contains(got, s.Names().Redrives) {
+		t.Fatalf("the upgrade dropped the redrives log: %v", got)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v != SchemaVersion {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, SchemaVersion)
 	}
 }
 
@@ -458,7 +570,7 @@ func TestMigrateOfManyInboxesInOneNewSchema(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = 'shared'").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	if want := 8 * len(NamesFor(config.Sink{InboxTable: "x"}).Tables()); n != want {
+	if want := 8 * len(NamesFor(config.Sink{InboxTable: "x"}).Provisioned(Options{})); n != want {
 		t.Fatalf("%d tables in schema shared, want %d", n, want)
 	}
 }

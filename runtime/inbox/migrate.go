@@ -12,22 +12,35 @@ import (
 )
 
 // Migrate creates the schema and every table of this inbox if missing and
-// records the schema version. It is idempotent and safe to run from several
-// replicas at once (they serialize on an advisory lock). It refuses an
-// existing inbox of the other layout: the layout cannot change in place.
+// records the schema version. The optional tables (Options) are created
+// when the store asks for them and upgraded when they exist. It is
+// idempotent and safe to run from several replicas at once (they serialize
+// on an advisory lock). It refuses an existing inbox of the other layout:
+// the layout cannot change in place.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.ensureSchema(ctx); err != nil {
 		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		current, err := s.isCurrent(ctx, tx)
-		if err != nil || current {
-			// An inbox at this version runs no DDL: ALTER TABLE takes an
-			// ACCESS EXCLUSIVE lock even when there is nothing to add, which
-			// would stall (or deadlock with) the replicas already consuming.
+		st, err := s.readState(ctx, tx)
+		if err != nil {
 			return err
 		}
+		if st.version == SchemaVersion && st.layout == string(s.layout) {
+			// An inbox at this version runs no DDL on its existing tables:
+			// ALTER TABLE takes an ACCESS EXCLUSIVE lock even when there is
+			// nothing to add, which would stall (or deadlock with) the
+			// replicas already consuming. Only an optional table it now
+			// uses is created.
+			return execAll(ctx, tx, s.optionalDDL(st, false))
+		}
 		if err := execAll(ctx, tx, s.ddl()); err != nil {
+			return err
+		}
+		if err := execAll(ctx, tx, s.optionalDDL(st, true)); err != nil {
+			return err
+		}
+		if err := execAll(ctx, tx, []string{s.metaDDL()}); err != nil {
 			return err
 		}
 		return s.recordVersion(ctx, tx)
@@ -38,26 +51,65 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// isCurrent reports whether the inbox is recorded at this SchemaVersion
-// with this layout (a layout mismatch is left to recordVersion to refuse).
-func (s *Store) isCurrent(ctx context.Context, tx pgx.Tx) (bool, error) {
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.meta).Scan(&exists); err != nil {
-		return false, fmt.Errorf("while looking for the inbox meta table: %w", err)
+// inboxState is what the catalog and the meta table say of an inbox.
+type inboxState struct {
+	version                 int    // 0: not migrated
+	layout                  string // as recorded
+	hasOutbox, hasRedrives bool
+}
+
+// readState reads the recorded version and layout and which optional
+// tables exist, in two queries at most.
+func (s *Store) readState(ctx context.Context, q Querier) (inboxState, error) {
+	var st inboxState
+	var hasMeta bool
+	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
+		s.meta, s.outbox, s.redrives).Scan(&hasMeta, &st.hasOutbox, &st.hasRedrives)
+	if err != nil {
+		return st, fmt.Errorf("while looking for the inbox tables: %w", err)
 	}
-	if !exists {
-		return false, nil
+	if !hasMeta {
+		return st, nil
 	}
-	var layout string
-	var version int
-	err := tx.QueryRow(ctx, `SELECT layout, schema_version FROM `+s.meta).Scan(&layout, &version)
+	err = q.QueryRow(ctx, `SELECT layout, schema_version FROM `+s.meta).Scan(&st.layout, &st.version)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return inboxState{hasOutbox: st.hasOutbox, hasRedrives: st.hasRedrives}, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("while reading the schema version: %w", err)
+		return st, fmt.Errorf("while reading the schema version: %w", err)
 	}
-	return version == SchemaVersion && layout == string(s.layout), nil
+	return st, nil
+}
+
+// upToDate: at this version and layout, with every optional table the
+// store uses.
+func (s *Store) upToDate(st inboxState) bool {
+	return st.version == SchemaVersion && st.layout == string(s.layout) &&
+		(!s.opts.Outbox || st.hasOutbox) && (!s.opts.Redrives || st.hasRedrives)
+}
+
+// UpToDate reports the recorded schema version (0 when not migrated) and
+// whether Migrate would have nothing to do: the question the controller
+// asks on every pass, answered without a transaction or lock.
+func (s *Store) UpToDate(ctx context.Context) (version int, upToDate bool, err error) {
+	st, err := s.readState(ctx, s.pool)
+	if err != nil {
+		return 0, false, err
+	}
+	return st.version, s.upToDate(st), nil
+}
+
+// optionalDDL is the DDL of the optional tables the store uses and, when
+// upgrading, of those that exist already (an older inbox has them all).
+func (s *Store) optionalDDL(st inboxState, upgrading bool) []string {
+	var stmts []string
+	if s.opts.Outbox && !st.hasOutbox || upgrading && st.hasOutbox {
+		stmts = append(stmts, s.outboxDDL()...)
+	}
+	if s.opts.Redrives && !st.hasRedrives || upgrading && st.hasRedrives {
+		stmts = append(stmts, s.redrivesDDL()...)
+	}
+	return stmts
 }
 
 // ensureSchema creates the schema when it does not exist. An existing one
@@ -150,38 +202,6 @@ func (s *Store) ddl() []string {
 		// label), which redrive --reason selects on; rows written before
 		// it existed have NULL there.
 		`ALTER TABLE `+s.deadLetters+` ADD COLUMN IF NOT EXISTS reason_class text`,
-		`CREATE TABLE IF NOT EXISTS `+s.redrives+` (
-			id             bigserial PRIMARY KEY,
-			run            text NOT NULL,
-			redriven_at    timestamptz NOT NULL DEFAULT now(),
-			dead_letter_id bigint NOT NULL,
-			message_id     text,
-			outcome        text NOT NULL,
-			reason         text
-		)`,
-		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Redrives, "_run_idx"))+` ON `+s.redrives+` (run)`,
-		// Schema version 3: the transactional outbox (spec.emit). shard
-		// is a hash of the entity key (else the message id): one relay at
-		// a time publishes a shard, in id order, which keeps per-key order.
-		`CREATE TABLE IF NOT EXISTS `+s.outbox+` (
-			id         bigserial PRIMARY KEY,
-			event_id   text NOT NULL UNIQUE,
-			source_id  text NOT NULL,
-			shard      smallint NOT NULL,
-			payload    bytea NOT NULL,
-			created_at timestamptz NOT NULL DEFAULT now(),
-			sent_at    timestamptz
-		)`,
-		`CREATE INDEX IF NOT EXISTS `+ident(DerivedName(n.Outbox, "_unsent_idx"))+
-			` ON `+s.outbox+` (shard, id) WHERE sent_at IS NULL`,
-		// Schema version 4: per-event headers (emit.headers), the ordering
-		// key the http dispatcher groups calls by, and the attempts and last
-		// error of an event that keeps failing. A constant default and
-		// nullable columns are catalog changes only: no rewrite.
-		`ALTER TABLE `+s.outbox+` ADD COLUMN IF NOT EXISTS headers jsonb,
-			ADD COLUMN IF NOT EXISTS order_key text,
-			ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0,
-			ADD COLUMN IF NOT EXISTS last_error text`,
 		// Schema version 5: one row per runtime process (replica), written
 		// every few seconds, never per batch: when it last heartbeat, since
 		// when its oldest claim is committed but not yet acknowledged, and
@@ -220,13 +240,63 @@ func (s *Store) ddl() []string {
 		`ALTER TABLE `+s.pruneRuns+` ADD COLUMN IF NOT EXISTS window_cutoff timestamptz,
 			ADD COLUMN IF NOT EXISTS held_reason text,
 			ADD COLUMN IF NOT EXISTS held_since timestamptz`,
-		`CREATE TABLE IF NOT EXISTS `+s.meta+` (
+	)
+}
+
+// outboxDDL creates the transactional outbox (spec.emit, http delivery:
+// Outbox) at its current shape. shard is a hash of the entity key (else the
+// message id): one relay at a time publishes a shard, in id order, which
+// keeps per-key order.
+func (s *Store) outboxDDL() []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + s.outbox + ` (
+			id         bigserial PRIMARY KEY,
+			event_id   text NOT NULL UNIQUE,
+			source_id  text NOT NULL,
+			shard      smallint NOT NULL,
+			payload    bytea NOT NULL,
+			created_at timestamptz NOT NULL DEFAULT now(),
+			sent_at    timestamptz
+		)`,
+		`CREATE INDEX IF NOT EXISTS ` + ident(DerivedName(s.names.Outbox, "_unsent_idx")) +
+			` ON ` + s.outbox + ` (shard, id) WHERE sent_at IS NULL`,
+		// Schema version 4: per-event headers (emit.headers), the ordering
+		// key the http dispatcher groups calls by, and the attempts and last
+		// error of an event that keeps failing. A constant default and
+		// nullable columns are catalog changes only: no rewrite.
+		`ALTER TABLE ` + s.outbox + ` ADD COLUMN IF NOT EXISTS headers jsonb,
+			ADD COLUMN IF NOT EXISTS order_key text,
+			ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0,
+			ADD COLUMN IF NOT EXISTS last_error text`,
+	}
+}
+
+// redrivesDDL creates the log of redrive outcomes, which the first redrive
+// run of an inbox creates.
+func (s *Store) redrivesDDL() []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + s.redrives + ` (
+			id             bigserial PRIMARY KEY,
+			run            text NOT NULL,
+			redriven_at    timestamptz NOT NULL DEFAULT now(),
+			dead_letter_id bigint NOT NULL,
+			message_id     text,
+			outcome        text NOT NULL,
+			reason         text
+		)`,
+		`CREATE INDEX IF NOT EXISTS ` + ident(DerivedName(s.names.Redrives, "_run_idx")) + ` ON ` + s.redrives + ` (run)`,
+	}
+}
+
+// metaDDL creates the table that records the schema version and layout,
+// after every other table.
+func (s *Store) metaDDL() string {
+	return `CREATE TABLE IF NOT EXISTS ` + s.meta + ` (
 			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
 			schema_version int NOT NULL,
 			layout         text NOT NULL,
 			migrated_at    timestamptz NOT NULL DEFAULT now()
-		)`,
-	)
+		)`
 }
 
 func (s *Store) recordVersion(ctx context.Context, tx pgx.Tx) error {

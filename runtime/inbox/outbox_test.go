@@ -16,7 +16,7 @@ import (
 // the window (never unsent ones) work on the real table.
 func TestOutboxClaimMarkStatsPrune(t *testing.T) {
 	pool, _ := pgtest.NewPool(t)
-	s := newStore(t, pool, config.LayoutTable)
+	s := newStore(t, pool, config.LayoutTable, WithOutbox(true))
 	ctx := context.Background()
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)

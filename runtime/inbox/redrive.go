@@ -189,6 +189,10 @@ func (s *Store) RedriveSummary(ctx context.Context, run string) (RedriveSummary,
 	sum := RedriveSummary{Run: run, Outcomes: map[string]int{}}
 	rows, err := s.pool.Query(ctx, `SELECT outcome, count(*), max(redriven_at) FROM `+s.redrives+`
 		WHERE run = $1 GROUP BY outcome`, run)
+	if isUndefinedTable(err) {
+		// No redrive has run on this inbox yet: the first creates the log.
+		return sum, nil
+	}
 	if err != nil {
 		return sum, fmt.Errorf("while reading redrive run %q: %w", run, err)
 	}

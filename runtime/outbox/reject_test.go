@@ -25,7 +25,7 @@ import (
 func TestRelayDeadLettersRejectedEvent(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
-	store, err := inbox.New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_reject", Layout: config.LayoutTable})
+	store, err := inbox.New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_reject", Layout: config.LayoutTable}, inbox.WithOutbox(true))
 	if err != nil {
 		t.Fatal(err)
 	}

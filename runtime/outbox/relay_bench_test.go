@@ -35,7 +35,7 @@ func benchDrain(b *testing.B, workers, rows int) {
 	b.StopTimer()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(b)
-	store, err := inbox.New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_bench", Layout: config.LayoutTable})
+	store, err := inbox.New(pool, config.Sink{Schema: "idc", InboxTable: "inbox_bench", Layout: config.LayoutTable}, inbox.WithOutbox(true))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -103,7 +103,7 @@ type Redriver struct {
 
 // New builds a redriver from the same config the consumer runs with.
 func New(pool *pgxpool.Pool, cfg *config.Config, log logr.Logger) (*Redriver, error) {
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg, inbox.WithRedrives())
 	if err != nil {
 		return nil, err
 	}

@@ -40,8 +40,9 @@ const (
 )
 
 // tablesPerIDC is the effect table (created up front, as a service's
-// migration would) and every table of the inbox, from the inbox's own list.
-var tablesPerIDC = 1 + len(inbox.NamesFor(config.Sink{InboxTable: "inbox_bench"}).Tables())
+// migration would) and every table of the inbox, from the inbox's own list
+// (the resources neither emit nor redrive: no outbox, no redrives log).
+var tablesPerIDC = 1 + len(inbox.NamesFor(config.Sink{InboxTable: "inbox_bench"}).Provisioned(inbox.Options{}))
 
 // settings come from the environment so the Makefile target stays one line.
 type settings struct {

@@ -229,7 +229,7 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string) 
 	}
 	t.Logf("%s: derived window W=%s from %s", b.name(), w, derived.DerivedFrom)
 	pruneCfg := writeConfig(t, cfg)
-	store, err := inbox.New(db.pool, cfg.Sink)
+	store, err := inbox.ForConfig(db.pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -238,7 +238,7 @@ type relayRunner struct {
 func startRelay(t *testing.T, cfg *config.Config, db *database, afterPublish func() error) *relayRunner {
 	t.Helper()
 	pool := db.newPool(t)
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -302,7 +302,7 @@ func checkExactlyOnce(t *testing.T, db *database, b broker, unique int) {
 // startup) would.
 func migrateInbox(t *testing.T, db *database, cfg *config.Config) {
 	t.Helper()
-	store, err := inbox.New(db.pool, cfg.Sink)
+	store, err := inbox.ForConfig(db.pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func migrate(cfg *config.Config, log logr.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}

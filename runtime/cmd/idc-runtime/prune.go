@@ -111,7 +111,7 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}

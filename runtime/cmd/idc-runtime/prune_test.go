@@ -55,7 +55,7 @@ func newPruneFixture(t *testing.T, layout config.Layout, ret config.Retention, m
 		t.Fatal(err)
 	}
 	f.cfg = cfg
-	if f.store, err = inbox.New(pool, cfg.Sink); err != nil {
+	if f.store, err = inbox.ForConfig(pool, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -179,7 +179,15 @@ func TestMigrateThenPruneTable(t *testing.T) {
 	}
 
 	// Outbox rows: sent 2h ago (past the window), sent just now, and unsent
-	// for 2h (never pruned).
+	// for 2h (never pruned). The config does not emit (any more): the
+	// outbox an earlier config had is still pruned.
+	emitted, err := inbox.New(f.pool, f.cfg.Sink, inbox.WithOutbox(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := emitted.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	outbox := pgx.Identifier{f.cfg.Sink.Schema, inbox.NamesFor(f.cfg.Sink).Outbox}.Sanitize()
 	if _, err := f.pool.Exec(context.Background(), `INSERT INTO `+outbox+` (event_id, source_id, shard, payload, created_at, sent_at) VALUES
 		('old-sent', 'a', 0, '{}', now() - interval '3 hours', now() - interval '2 hours'),

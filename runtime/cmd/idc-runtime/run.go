@@ -214,7 +214,7 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	// error.
 	ctx, stopLoop := context.WithCancelCause(ctx)
 	defer stopLoop(nil)
-	store, err := inbox.New(pool, cfg.Sink)
+	store, err := inbox.ForConfig(pool, cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}
