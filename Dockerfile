@@ -9,12 +9,14 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
-ENV LDFLAGS="-s -w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=${VERSION} -X github.com/idempotency-dev/idc-operator/runtime/version.Commit=${COMMIT}"
+ENV LDFLAGS="-w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=${VERSION} -X github.com/idempotency-dev/idc-operator/runtime/version.Commit=${COMMIT}"
 RUN CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/manager . \
- && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/idc-runtime ./runtime/cmd/idc-runtime
+ && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/idc-runtime ./runtime/cmd/idc-runtime \
+ && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/kubectl-idc ./cmd/kubectl-idc
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/manager /manager
 COPY --from=build /out/idc-runtime /idc-runtime
+COPY --from=build /out/kubectl-idc /kubectl-idc
 USER 65532:65532
 ENTRYPOINT ["/manager"]

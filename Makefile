@@ -99,10 +99,10 @@ test: helm promtool ## Run every test: unit, envtest, real services, short chaos
 	fi
 
 .PHONY: test-e2e
-test-e2e: build-installer helm ## End-to-end on the real node (make node-up first): install.yaml, kubelet-run pods, every broker.
+test-e2e: build-installer helm plugin ## End-to-end on the real node (make node-up first): install.yaml, kubelet-run pods, every broker, the kubectl plugin.
 	@hack/services.sh check
 	@hack/node.sh running || { echo "the real node is not running: make node-up" >&2; exit 1; }
-	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) IDC_E2E_HELM=$(HELM) IDC_E2E_FIXTURES=$(LOCALBIN)/e2e-fixtures \
+	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) IDC_E2E_HELM=$(HELM) IDC_E2E_PLUGIN=$(LOCALBIN)/kubectl-idc IDC_E2E_FIXTURES=$(LOCALBIN)/e2e-fixtures \
 	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_IMAGE_ID="$$(cat $(LOCALBIN)/idc-operator-image.tar.id)" IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 25m -v ./test/e2e/...
 
 ##@ Real node
@@ -143,17 +143,37 @@ bench-controller: ## Controller benchmark: 300 resources (IDC_BENCH_RESOURCES) t
 ##@ Build
 
 .PHONY: build
-build: ## Build bin/manager and bin/idc-runtime (static, with the version).
+build: plugin ## Build bin/manager, bin/idc-runtime and bin/kubectl-idc (static, with the version).
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/manager .
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/idc-runtime ./runtime/cmd/idc-runtime
+
+.PHONY: plugin
+plugin: ## Build bin/kubectl-idc, the kubectl plugin (`kubectl idc` once it is on the PATH).
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/kubectl-idc ./cmd/kubectl-idc
+
+# The plugin's release archives, one per platform, as krew installs them
+# (plugins/krew/idc.yaml): reproducible (commit time, no owners), with a
+# .sha256 beside each.
+PLUGIN_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+.PHONY: dist-plugin
+dist-plugin: ## Write dist/kubectl-idc_v$(VERSION)_<os>_<arch>.tar.gz (+ .sha256) for PLUGIN_PLATFORMS.
+	@mkdir -p dist
+	@for p in $(PLUGIN_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; dir=$(LOCALBIN)/plugin/$$os-$$arch; name=kubectl-idc_v$(VERSION)_$${os}_$${arch}.tar.gz; \
+	  rm -rf $$dir && mkdir -p $$dir && \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $$dir/kubectl-idc ./cmd/kubectl-idc && \
+	  tar --sort=name --mtime=@$(SOURCE_DATE_EPOCH) --owner=0 --group=0 --numeric-owner -C $$dir -cf - . | gzip -n > dist/$$name && \
+	  (cd dist && sha256sum $$name > $$name.sha256) && echo "dist/$$name"; \
+	done
 
 .PHONY: image
 image: ## Build the image without Docker: bin/idc-operator-image.tar (OCI archive; .docker.tar for docker load).
 	@mkdir -p $(LOCALBIN)/linux
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/manager .
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/idc-runtime ./runtime/cmd/idc-runtime
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/kubectl-idc ./cmd/kubectl-idc
 	go run ./hack/image -tag $(IMG) -out $(LOCALBIN)/idc-operator-image.tar -docker $(LOCALBIN)/idc-operator-image.docker.tar -base \
-	  -file /manager=$(LOCALBIN)/linux/manager -file /idc-runtime=$(LOCALBIN)/linux/idc-runtime \
+	  -file /manager=$(LOCALBIN)/linux/manager -file /idc-runtime=$(LOCALBIN)/linux/idc-runtime -file /kubectl-idc=$(LOCALBIN)/linux/kubectl-idc \
 	  -entrypoint /manager -user 65532:65532 -created $(SOURCE_DATE_EPOCH) \
 	  -label org.opencontainers.image.version=$(VERSION) -label org.opencontainers.image.revision=$(COMMIT) \
 	  -label org.opencontainers.image.source=https://github.com/idempotency-dev/idc-operator
