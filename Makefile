@@ -20,6 +20,8 @@ export GOFLAGS ?= -buildvcs=false
 # Every shell entry point (.ci/run, hack/*.sh) sets the same.
 export GOTOOLCHAIN := go1.27.3
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
+CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs
+CRD_REF_DOCS_VERSION ?= v0.3.0
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 HELM ?= $(LOCALBIN)/helm
 HELM_VERSION ?= v3.22.0
@@ -44,8 +46,9 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRD and RBAC manifests from the Go markers.
+manifests: controller-gen crd-ref-docs ## Generate the CRD and RBAC manifests from the Go markers, and docs/reference/api.md.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/..." paths="./controllers/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	$(CRD_REF_DOCS) --log-level=WARN --source-path=./api --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/reference/api.md
 	sed -i 's/^  newTag: .*/  newTag: $(VERSION)/' config/manager/kustomization.yaml
 	@# The Helm chart's CRD, RBAC rules, alerts and dashboard are copies of the
 	@# files under config/ (test/helmchart fails when they drift); it follows VERSION.
@@ -86,7 +89,7 @@ promtool: ## Install promtool (Debian package prometheus) for the alert tests, w
 	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; }
 
 .PHONY: test
-test: helm promtool ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
+test: helm promtool crd-ref-docs ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
 	@hack/services.sh check
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" IDC_HELM=$(HELM) go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
 	@# The real node: started for the e2e suite unless it already runs, and
@@ -232,6 +235,11 @@ undeploy: kubectl ## Remove the operator.
 controller-gen: $(CONTROLLER_GEN)
 $(CONTROLLER_GEN):
 	GOBIN=$(LOCALBIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+.PHONY: crd-ref-docs
+crd-ref-docs: $(CRD_REF_DOCS)
+$(CRD_REF_DOCS):
+	GOBIN=$(LOCALBIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
 
 .PHONY: helm
 helm: $(HELM) ## Build helm from the Go module proxy into bin/ (the chart tests run it).
