@@ -37,7 +37,7 @@ func run() error {
 		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
 		pprofAddr                                             string
 		leaderElect, secureMetrics, enableHTTP2               bool
-		retentionPeriod, dropTimeout                          time.Duration
+		retentionPeriod, dropTimeout, recheckPeriod           time.Duration
 		maxConcurrent, apiBurst                               int
 		apiQPS                                                float64
 	)
@@ -50,6 +50,7 @@ func run() error {
 	flag.StringVar(&watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches all.")
 	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
+	flag.DurationVar(&recheckPeriod, "recheck-period", controllers.DefaultRecheckPeriod, "How often a resource whose sink, inbox or broker is not ready is checked again (a fixed period, at most 30s; never a growing backoff).")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
 	flag.DurationVar(&dropTimeout, "drop-timeout", 10*time.Minute, "How long a deletion with deletionPolicy Delete retries an unreachable sink database before it leaves the tables in place (with a Warning event) and lets the resource go.")
 	flag.Float64Var(&apiQPS, "kube-api-qps", 0, "Client-side limit of requests per second to the Kubernetes API server; 0 sets none and leaves it to the API server's priority and fairness.")
@@ -66,6 +67,9 @@ func run() error {
 
 	if runtimeImage == "" {
 		return fmt.Errorf("no runtime image: set --runtime-image or RUNTIME_IMAGE")
+	}
+	if recheckPeriod <= 0 || recheckPeriod > 30*time.Second {
+		return fmt.Errorf("--recheck-period %s: want more than 0 and at most 30s", recheckPeriod)
 	}
 
 	scheme := runtime.NewScheme()
@@ -109,6 +113,7 @@ func run() error {
 		RetentionPeriod: retentionPeriod,
 		MaxConcurrent:   maxConcurrent,
 		DropTimeout:     dropTimeout,
+		RecheckPeriod:   recheckPeriod,
 	})
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the controller: %w", err)

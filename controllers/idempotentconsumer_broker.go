@@ -23,10 +23,6 @@ import (
 // brokerTimeout bounds one broker read of a pass.
 const brokerTimeout = 15 * time.Second
 
-// brokerRetry is how soon a failed broker read is tried again, however
-// long --retention-period is.
-const brokerRetry = 30 * time.Second
-
 // BrokerReading is what one read of the broker returned.
 type BrokerReading struct {
 	// Result is the derived window with its inputs and the consumer's
@@ -92,7 +88,7 @@ func init() {
 // brokerReading is a read kept between passes: the broker is read at most
 // once per --retention-period (and at once when the source, the retention
 // spec or a referenced Secret changes), a failed read again after
-// brokerRetry.
+// --recheck-period.
 type brokerReading struct {
 	key     string
 	at      time.Time
@@ -106,16 +102,16 @@ func (b *brokerReading) failedRead() bool {
 	return b.err != nil && !errors.Is(b.err, retention.ErrUnboundedReplay)
 }
 
-func (b *brokerReading) ttl(period time.Duration) time.Duration {
+func (b *brokerReading) ttl(period, recheck time.Duration) time.Duration {
 	if b.failedRead() {
-		return min(period, brokerRetry)
+		return min(period, recheck)
 	}
 	return period
 }
 
 // dueIn is how long until the reading is stale.
-func (b *brokerReading) dueIn(now time.Time, period time.Duration) time.Duration {
-	return b.at.Add(b.ttl(period)).Sub(now)
+func (b *brokerReading) dueIn(now time.Time, period, recheck time.Duration) time.Duration {
+	return b.at.Add(b.ttl(period, recheck)).Sub(now)
 }
 
 // brokerReadings holds the last reading per resource.
@@ -165,7 +161,7 @@ func readingKey(s *scope) string {
 func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	now := r.opts.Clock.Now()
 	key := readingKey(s)
-	if last := r.readings.get(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod) > 0 {
+	if last := r.readings.get(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod) > 0 {
 		s.reading = last
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, brokerTimeout)

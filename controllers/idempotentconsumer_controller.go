@@ -61,9 +61,13 @@ type Options struct {
 	Sink SinkDB
 	// Broker reads the broker; defaults to LiveBroker.
 	Broker BrokerObserver
-	// EffectRecheck is how often the effect is checked again while
-	// EffectReady is False (default 20s, jittered; keep it <= 27s).
-	EffectRecheck time.Duration
+	// RecheckPeriod is how often a resource is checked again while its
+	// sink, inbox or broker is not ready (EffectReady or InboxReady False,
+	// the broker not read): a fixed period, never controller-runtime's
+	// growing per-item backoff, so a GRANT, a migration or a broker that
+	// is back is noticed within it (default 20s; each re-check comes at
+	// most this long after the last, jittered down by up to 10%).
+	RecheckPeriod time.Duration
 	// DropTimeout bounds how long a deletion waits for a sink database
 	// that cannot be reached before it leaves the tables in place and lets
 	// the resource go (default 10m).
@@ -98,8 +102,8 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 	if opts.Broker == nil {
 		opts.Broker = LiveBroker{}
 	}
-	if opts.EffectRecheck <= 0 {
-		opts.EffectRecheck = defaultEffectRecheck
+	if opts.RecheckPeriod <= 0 {
+		opts.RecheckPeriod = DefaultRecheckPeriod
 	}
 	if opts.RetentionPeriod <= 0 {
 		opts.RetentionPeriod = 5 * time.Minute
@@ -168,22 +172,28 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 }
 
 // requeue is the earliest of what the phases asked for and the next broker
-// read, jittered so that many resources do not read at once.
+// read, jittered so that many resources do not read at once. A broker that
+// could not be read is read again within the re-check period.
 func (r *Reconciler) requeue(s *scope, res ctrl.Result) ctrl.Result {
 	next := r.opts.RetentionPeriod
 	if s.reading != nil {
-		next = max(s.reading.dueIn(r.opts.Clock.Now(), r.opts.RetentionPeriod), time.Second)
+		next = max(s.reading.dueIn(r.opts.Clock.Now(), r.opts.RetentionPeriod, r.opts.RecheckPeriod), time.Second)
 	}
-	next += time.Duration(rand.Float64() * 0.1 * float64(r.opts.RetentionPeriod))
+	if s.reading == nil || !s.reading.failedRead() {
+		next += time.Duration(rand.Float64() * 0.1 * float64(r.opts.RetentionPeriod))
+	}
 	if res.RequeueAfter > 0 && res.RequeueAfter < next {
 		next = res.RequeueAfter
 	}
 	return ctrl.Result{RequeueAfter: next}
 }
 
-// jitter spreads periodic requeues of many resources over +-10%.
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.2-0.1)*float64(d))
+// recheck is the requeue of a resource whose sink, inbox or broker is not
+// ready: at most RecheckPeriod, jittered down by up to 10% so that many
+// resources do not check at once.
+func (r *Reconciler) recheck() ctrl.Result {
+	d := r.opts.RecheckPeriod
+	return ctrl.Result{RequeueAfter: d - time.Duration(rand.Float64()*0.1*float64(d))}
 }
 
 // CacheOptions are the manager's cache settings: the watched namespaces,

@@ -506,6 +506,9 @@ var _ = Describe("failures", func() {
 		msg := conditionMessage(name, messagingv1alpha1.ConditionInboxReady)
 		Expect(msg).To(ContainSubstring("cannot reach"))
 		Expect(msg).NotTo(ContainSubstring("s3cret"))
+		// Transient: re-checked while Reconciling, never Stalled.
+		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("False/Ready"))
+		Expect(condition(name, messagingv1alpha1.ConditionReconciling)()).To(Equal("True/DatabaseUnreachable"))
 		setSecretData(name+"-db", map[string]string{"dsn": testDSN})
 		recoverToReady()
 	})
@@ -528,9 +531,30 @@ var _ = Describe("failures", func() {
 		create(idc)
 		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), timeout, interval).Should(Equal("False/PermissionDenied"))
 		Expect(conditionMessage(name, messagingv1alpha1.ConditionInboxReady)).To(ContainSubstring("grant"))
+		Eventually(condition(name, messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("True/PermissionDenied"))
+		Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).To(ContainSubstring("GRANT USAGE, CREATE ON SCHEMA"))
+
+		// Ten failed passes later the re-check period still holds: each
+		// pass comes about recheckPeriod after the last, where
+		// controller-runtime's per-item backoff would by now wait 5s
+		// (5ms x 2^10) and keep doubling.
+		owner := "default/" + name
+		Eventually(func() int { return len(ensures.of(owner)) }, 20*recheckPeriod, interval).Should(BeNumerically(">=", 13))
+		at := ensures.of(owner)
+		for i := 10; i < len(at); i++ {
+			gap := at[i].Sub(at[i-1])
+			Expect(gap).To(And(BeNumerically(">=", recheckPeriod*8/10), BeNumerically("<=", recheckPeriod+time.Second)),
+				"pass %d came %s after the one before; want the re-check period %s", i+1, gap, recheckPeriod)
+		}
+
+		// The GRANT changes nothing Kubernetes sees: only the re-check
+		// notices it, within one period.
 		_, err = conn.Exec(ctx, "GRANT CREATE ON DATABASE "+pgx.Identifier{testDB}.Sanitize()+" TO "+role)
 		Expect(err).NotTo(HaveOccurred())
-		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), timeout, interval).Should(Equal("True/Provisioned"))
+		granted := time.Now()
+		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), recheckPeriod+2*time.Second, 50*time.Millisecond).Should(Equal("True/Provisioned"))
+		GinkgoWriter.Printf("the GRANT was noticed after %s (re-check period %s)\n", time.Since(granted).Round(time.Millisecond), recheckPeriod)
+		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).NotTo(Equal("True/PermissionDenied"))
 		createOrdersTable(string(idc.Spec.Sink.Postgres.Schema), role)
 		recoverToReady()
 	})

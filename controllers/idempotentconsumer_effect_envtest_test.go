@@ -67,6 +67,11 @@ var _ = Describe("the EffectReady preflight", func() {
 		}
 		Eventually(replicasOf(name), timeout, interval).Should(Equal(int32(0)))
 		Expect(condition(name, messagingv1alpha1.ConditionReady)()).To(Equal("False/" + reason))
+		// Only a person can fix it: Stalled (kstatus Failed, Argo CD
+		// Degraded) says what to run, and Reconciling is False.
+		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("True/" + reason))
+		Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).To(Equal(msg))
+		Expect(condition(name, messagingv1alpha1.ConditionReconciling)()).To(Equal("False/Ready"))
 		Expect(condition(name, messagingv1alpha1.ConditionRuntimeReady)()).To(Equal("False/" + messagingv1alpha1.ReasonWaitingForEffect))
 		Eventually(eventsWithReason(name, reason), timeout, interval).Should(Equal(1))
 
@@ -76,6 +81,7 @@ var _ = Describe("the EffectReady preflight", func() {
 		Eventually(replicasOf(name), timeout, interval).Should(Equal(int32(2)))
 		markAvailable(name)
 		Eventually(condition(name, messagingv1alpha1.ConditionReady), timeout, interval).Should(Equal("True/Ready"))
+		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("False/Ready"))
 		Eventually(eventsWithReason(name, "EffectReady"), timeout, interval).Should(Equal(1))
 		// Several re-checks ran while it was False; still one event each way.
 		Expect(eventsWithReason(name, reason)()).To(Equal(1))

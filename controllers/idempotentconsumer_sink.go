@@ -9,7 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
@@ -19,10 +21,42 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
-// defaultEffectRecheck is how often the effect is checked again while
-// EffectReady is False (with jitter of +-10%, so at most 22s): a migration
-// that creates the table is picked up without anyone touching the resource.
-const defaultEffectRecheck = 20 * time.Second
+// DefaultRecheckPeriod is how often a resource whose sink, inbox or broker
+// is not ready is checked again (--recheck-period): a migration that
+// creates the table, a GRANT or a database that is back is picked up
+// within it without anyone touching the resource.
+const DefaultRecheckPeriod = 20 * time.Second
+
+// needsHuman says whether a sink fault is one only a person can fix (a
+// privilege, a table, column or unique key that is missing, a statement or
+// connection string that is wrong): it sets Stalled=True, which kstatus
+// reads as Failed and the Argo CD health check as Degraded. A database
+// that cannot be reached, or a provisioning error of another kind, is
+// transient: the resource stays Reconciling and is re-checked.
+func needsHuman(reason string) bool {
+	switch reason {
+	case messagingv1alpha1.ReasonPermissionDenied, messagingv1alpha1.ReasonInvalidDSN,
+		messagingv1alpha1.ReasonTableNotFound, messagingv1alpha1.ReasonColumnNotFound,
+		messagingv1alpha1.ReasonColumnTypeMismatch, messagingv1alpha1.ReasonNoUniqueKey,
+		messagingv1alpha1.ReasonStatementInvalid:
+		return true
+	}
+	return false
+}
+
+// sinkFault records a sink that is not ready in outcome *o (and in Stalled
+// when only a person can fix it), logs it, and asks for a re-check within
+// RecheckPeriod instead of failing the pass: controller-runtime's per-item
+// backoff would grow to minutes, and a fixed grant would wait that long.
+func (r *Reconciler) sinkFault(ctx context.Context, s *scope, o *outcome, reason, msg string) ctrl.Result {
+	*o = failed(reason, msg)
+	if needsHuman(reason) {
+		s.obs.stalled = failed(reason, msg)
+	}
+	res := r.recheck()
+	log.FromContext(ctx).Info("sink not ready; checking again", "reason", reason, "message", msg, "stalled", needsHuman(reason), "recheckAfter", res.RequeueAfter)
+	return res
+}
 
 // Provisioner creates and drops a resource's inbox tables and lets go of
 // its connections.
@@ -73,13 +107,18 @@ func classifyDBError(idc *messagingv1alpha1.IdempotentConsumer, err error) (stri
 	return sinkdb.Classify(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
 }
 
-// inboxPhase provisions the inbox; a failure fails the pass (retried).
+// inboxPhase provisions the inbox. A failure halts the pass (nothing after
+// it can run without the inbox) and is checked again within RecheckPeriod;
+// a privilege or connection string only a person can fix also stalls it.
 func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	version, err := r.opts.Sink.Ensure(ctx, s.target())
 	if err != nil {
 		reason, msg := classifyDBError(s.idc, err)
-		s.obs.inbox = failed(reason, msg)
-		return ctrl.Result{}, fmt.Errorf("provisioning the inbox: %s", msg)
+		if reason == messagingv1alpha1.ReasonPermissionDenied {
+			msg += fmt.Sprintf(" (GRANT USAGE, CREATE ON SCHEMA %s TO the role)", pgx.Identifier{s.rc.Config.Sink.Schema}.Sanitize())
+		}
+		s.halt()
+		return r.sinkFault(ctx, s, &s.obs.inbox, reason, msg), nil
 	}
 	s.idc.Status.Inbox = inboxStatusFor(s.rc.Config, version)
 	s.obs.inbox = okOutcome(messagingv1alpha1.ReasonProvisioned,
@@ -96,9 +135,11 @@ func inboxStatusFor(cfg *config.Config, version int) *messagingv1alpha1.InboxSta
 	}
 }
 
-// effectPhase runs the preflight. A problem makes EffectReady False, holds
-// the Deployment at 0 replicas (childrenPhase) and asks for a re-check
-// within EffectRecheck; an error retries the pass.
+// effectPhase runs the preflight. A problem makes EffectReady False and
+// Stalled True (a person must fix the sink), holds the Deployment at 0
+// replicas (childrenPhase) and asks for a re-check within RecheckPeriod. A
+// check that could not run (the database is unreachable) halts the pass,
+// leaving the Deployment as it is, and is checked again too.
 func (r *Reconciler) effectPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	err := r.opts.Sink.CheckEffect(ctx, s.target(), s.rc.Config)
 	var p *sinkdb.EffectProblem
@@ -107,12 +148,11 @@ func (r *Reconciler) effectPhase(ctx context.Context, s *scope) (ctrl.Result, er
 		s.obs.effect = okOutcome(messagingv1alpha1.ReasonReady, effectReadyMessage(s.rc.Config))
 		return ctrl.Result{}, nil
 	case errors.As(err, &p):
-		s.obs.effect = failed(p.Reason, p.Message)
-		return ctrl.Result{RequeueAfter: jitter(r.opts.EffectRecheck)}, nil
+		return r.sinkFault(ctx, s, &s.obs.effect, p.Reason, p.Message), nil
 	default:
 		reason, msg := classifyDBError(s.idc, err)
-		s.obs.effect = failed(reason, msg)
-		return ctrl.Result{}, fmt.Errorf("checking the effect: %s", msg)
+		s.halt()
+		return r.sinkFault(ctx, s, &s.obs.effect, reason, msg), nil
 	}
 }
 

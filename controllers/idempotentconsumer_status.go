@@ -35,7 +35,8 @@ func unknown(reason, message string) outcome {
 
 // observation collects what a reconcile pass saw.
 type observation struct {
-	// stalled is set when a person must act (invalid spec, conflict, unbounded replay).
+	// stalled is set when a person must act (invalid spec, conflict,
+	// unbounded replay, a sink only a person can fix: needsHuman).
 	stalled   outcome
 	secrets   outcome
 	inbox     outcome
@@ -45,7 +46,8 @@ type observation struct {
 	prune     outcome
 	// brokerLimits is the BrokerLimits condition; it never blocks Ready.
 	brokerLimits outcome
-	// err is a transient failure: the pass is retried with backoff.
+	// err is a failure of the pass itself (the API server): retried with
+	// backoff. Sink and broker faults are not errors: they are re-checked.
 	err error
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -211,7 +212,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	h.r = &Reconciler{
 		client: h.c, secrets: h.c, live: h.c, scheme: scheme, recorder: events.NewFakeRecorder(100),
 		opts: Options{RuntimeImage: "idc-operator:test", RetentionPeriod: fakePeriod, MaxConcurrent: 1, Clock: h.clk,
-			Sink: h.sink, Broker: h.broker, EffectRecheck: defaultEffectRecheck, DropTimeout: time.Minute},
+			Sink: h.sink, Broker: h.broker, RecheckPeriod: DefaultRecheckPeriod, DropTimeout: time.Minute},
 		readings: newBrokerReadings(), applied: newAppliedChildren(),
 	}
 	return h
@@ -372,11 +373,11 @@ func TestBrokerLimitsUnknownWhileTheBrokerIsNotRead(t *testing.T) {
 	if got := conditionOf(idc, messagingv1alpha1.ConditionBrokerLimits); got != "Unknown/BrokerUnreachable" {
 		t.Fatalf("BrokerLimits = %s, want Unknown/BrokerUnreachable", got)
 	}
-	if requeue > brokerRetry+fakePeriod/10 {
-		t.Errorf("a failed read is retried after %s, want within %s", requeue, brokerRetry)
+	if requeue > DefaultRecheckPeriod {
+		t.Errorf("a failed read is retried after %s, want within %s", requeue, DefaultRecheckPeriod)
 	}
-	// Read again after brokerRetry, not after --retention-period.
-	h.clk.Step(brokerRetry)
+	// Read again after the re-check period, not after --retention-period.
+	h.clk.Step(DefaultRecheckPeriod)
 	h.broker.err = nil
 	h.broker.limits = retention.ConsumerLimits{MaxAckPending: 100000}
 	idc, _ = h.pass()
@@ -411,15 +412,15 @@ func TestChildConflictStopsThePass(t *testing.T) {
 	}
 }
 
-// While EffectReady is False the pass asks to run again within 30s (the
-// default period plus its jitter); once True, only the periodic requeue.
+// While EffectReady is False the pass asks to run again within the
+// re-check period (20s by default); once True, only the periodic requeue.
 func TestEffectRecheckWithin30s(t *testing.T) {
 	h := newHarness(t, unitConsumer())
 	h.sink.effectErr = &sinkdb.EffectProblem{Reason: messagingv1alpha1.ReasonTableNotFound, Message: "missing"}
 	for range 50 {
 		idc, requeue := h.pass()
-		if requeue <= 0 || requeue > 30*time.Second {
-			t.Fatalf("re-check after %s while EffectReady is False, want (0, 30s]", requeue)
+		if requeue <= 0 || requeue > DefaultRecheckPeriod {
+			t.Fatalf("re-check after %s while EffectReady is False, want (0, %s]", requeue, DefaultRecheckPeriod)
 		}
 		if got := conditionOf(idc, messagingv1alpha1.ConditionEffectReady); got != "False/TableNotFound" {
 			t.Fatalf("EffectReady = %s", got)
@@ -560,4 +561,87 @@ func TestValidateSQLParams(t *testing.T) {
 
 func reqFor(namespace, name string) ctrl.Request {
 	return ctrl.Request{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}}
+}
+
+// Every sink fault is re-checked within the re-check period and never
+// fails the pass (so controller-runtime's backoff never grows); the faults
+// only a person can fix set Stalled=True (kstatus Failed, Argo CD
+// Degraded) with the condition's message, the transient ones leave the
+// resource Reconciling. Recovery clears Stalled.
+func TestSinkFaultsAreRecheckedAndStallOnlyForAPerson(t *testing.T) {
+	unreachable := errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")
+	tests := []struct {
+		name              string
+		ensureErr         error
+		effectErr         error
+		condition, reason string
+		stalled           bool
+	}{
+		{"inbox permission denied", &pgconn.PgError{Code: "42501", Message: "permission denied for schema projections"}, nil,
+			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonPermissionDenied, true},
+		{"inbox database unreachable", unreachable, nil,
+			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonDatabaseError, false},
+		{"inbox provisioning failed", &pgconn.PgError{Code: "53100", Message: "could not extend file"}, nil,
+			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonProvisioningFailed, false},
+		{"inbox connection string", fmt.Errorf("while parsing: %w", sinkdb.ErrInvalidDSN), nil,
+			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonInvalidDSN, true},
+		{"effect database unreachable", nil, unreachable,
+			messagingv1alpha1.ConditionEffectReady, messagingv1alpha1.ReasonDatabaseError, false},
+	}
+	for _, reason := range []string{messagingv1alpha1.ReasonPermissionDenied, messagingv1alpha1.ReasonTableNotFound,
+		messagingv1alpha1.ReasonColumnNotFound, messagingv1alpha1.ReasonColumnTypeMismatch, messagingv1alpha1.ReasonNoUniqueKey,
+		messagingv1alpha1.ReasonStatementInvalid} {
+		tests = append(tests, struct {
+			name              string
+			ensureErr         error
+			effectErr         error
+			condition, reason string
+			stalled           bool
+		}{"effect " + reason, nil, &sinkdb.EffectProblem{Reason: reason, Message: "run this"}, messagingv1alpha1.ConditionEffectReady, reason, true})
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, unitConsumer())
+			h.sink.ensureErr, h.sink.effectErr = tc.ensureErr, tc.effectErr
+			for range 10 {
+				res, err := h.r.Reconcile(context.Background(), reqFor("shop", "orders"))
+				if err != nil {
+					t.Fatalf("Reconcile failed (growing backoff) instead of asking for a re-check: %v", err)
+				}
+				if res.RequeueAfter <= 0 || res.RequeueAfter > DefaultRecheckPeriod {
+					t.Fatalf("re-check after %s, want (0, %s]", res.RequeueAfter, DefaultRecheckPeriod)
+				}
+			}
+			idc, _ := h.pass()
+			if got := conditionOf(idc, tc.condition); got != "False/"+tc.reason {
+				t.Fatalf("%s = %s, want False/%s", tc.condition, got, tc.reason)
+			}
+			wantStalled, wantReconciling := "False/Ready", "True/"+tc.reason
+			if tc.stalled {
+				wantStalled, wantReconciling = "True/"+tc.reason, "False/Ready"
+				if msg := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionStalled).Message; msg == "" || msg == "no human action needed" {
+					t.Errorf("Stalled message %q does not say what to do", msg)
+				}
+			}
+			if got := conditionOf(idc, messagingv1alpha1.ConditionStalled); got != wantStalled {
+				t.Errorf("Stalled = %s, want %s", got, wantStalled)
+			}
+			if got := conditionOf(idc, messagingv1alpha1.ConditionReconciling); got != wantReconciling {
+				t.Errorf("Reconciling = %s, want %s", got, wantReconciling)
+			}
+			// kstatus reads Stalled only for an observed generation.
+			if idc.Status.ObservedGeneration != idc.Generation {
+				t.Errorf("observedGeneration %d, want %d", idc.Status.ObservedGeneration, idc.Generation)
+			}
+			h.sink.ensureErr, h.sink.effectErr = nil, nil
+			h.pass()
+			h.markAvailable()
+			idc, _ = h.pass()
+			for typ, want := range map[string]string{messagingv1alpha1.ConditionStalled: "False/Ready", messagingv1alpha1.ConditionReady: "True/Ready", tc.condition: "True/"} {
+				if got := conditionOf(idc, typ); !strings.HasPrefix(got, want) {
+					t.Errorf("after the fix %s = %s, want %s", typ, got, want)
+				}
+			}
+		})
+	}
 }

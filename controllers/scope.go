@@ -217,6 +217,9 @@ var transitionEvents = []struct {
 }
 
 func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.IdempotentConsumer) {
+	// A sink fault that stalls moves EffectReady and Stalled at once, with
+	// the same reason and message: one event says it.
+	emitted := map[string]bool{}
 	for _, t := range transitionEvents {
 		now := meta.FindStatusCondition(after.Status.Conditions, t.condition)
 		if now == nil || now.Status != t.status {
@@ -229,6 +232,10 @@ func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.Idempotent
 		if t.condition == messagingv1alpha1.ConditionStalled || (t.condition == messagingv1alpha1.ConditionEffectReady && t.status == metav1.ConditionFalse) {
 			reason = now.Reason // Conflict, InvalidSpec, UnboundedReplay; TableNotFound, ColumnNotFound...
 		}
+		if emitted[t.eventType+"/"+reason] {
+			continue
+		}
+		emitted[t.eventType+"/"+reason] = true
 		r.recorder.Eventf(after, nil, t.eventType, reason, t.condition, "%s", now.Message)
 	}
 }

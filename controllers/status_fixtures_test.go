@@ -61,14 +61,20 @@ func fixtureScenarios() []fixtureScenario {
 		}
 		return o
 	}
+	// A sink only a person can fix stalls the resource (needsHuman).
 	effectFailed := func(reason, msg string) *observation {
 		return ready(func(o *observation) {
 			o.effect = failed(reason, msg)
+			o.stalled = failed(reason, msg)
 			o.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect, "the Deployment is held at 0 replicas until EffectReady is True ("+reason+")")
 		})
 	}
 	inboxFailed := func(reason, msg string) *observation {
-		return &observation{secrets: secrets, inbox: failed(reason, msg)}
+		o := &observation{secrets: secrets, inbox: failed(reason, msg)}
+		if needsHuman(reason) {
+			o.stalled = failed(reason, msg)
+		}
+		return o
 	}
 	return []fixtureScenario{
 		{name: "ready", obs: ready(nil)},
@@ -93,17 +99,17 @@ func fixtureScenarios() []fixtureScenario {
 		{name: "progressing-deployment-not-available", obs: ready(func(o *observation) {
 			o.runtime = failed(messagingv1alpha1.ReasonDeploymentNotReady, "0/2 replicas available")
 		})},
-		{name: "progressing-effect-table-not-found", obs: ready(func(o *observation) {
-			o.effect = failed(messagingv1alpha1.ReasonTableNotFound, "table \"projections\".\"orders\" (spec.sink.effect.upsert.table) does not exist in the sink database; create it, e.g. CREATE TABLE \"projections\".\"orders\" (\"order_id\" <type>, \"status\" <type>, \"version\" bigint, PRIMARY KEY (\"order_id\")), or run the service's migration")
-			o.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect, "the Deployment is held at 0 replicas until EffectReady is True (TableNotFound)")
-		})},
-		{name: "progressing-effect-column-not-found", obs: effectFailed(messagingv1alpha1.ReasonColumnNotFound,
+		{name: "stalled-effect-table-not-found", obs: effectFailed(messagingv1alpha1.ReasonTableNotFound,
+			"table \"projections\".\"orders\" (spec.sink.effect.upsert.table) does not exist in the sink database; create it, e.g. CREATE TABLE \"projections\".\"orders\" (\"order_id\" <type>, \"status\" <type>, \"version\" bigint, PRIMARY KEY (\"order_id\")), or run the service's migration")},
+		{name: "stalled-effect-permission-denied", obs: effectFailed(messagingv1alpha1.ReasonPermissionDenied,
+			"role \"orders_writer\" lacks INSERT, UPDATE on \"projections\".\"orders\" (spec.sink.effect.upsert); run GRANT INSERT, UPDATE ON \"projections\".\"orders\" TO \"orders_writer\"")},
+		{name: "stalled-effect-column-not-found", obs: effectFailed(messagingv1alpha1.ReasonColumnNotFound,
 			"column \"status\" of table \"projections\".\"orders\" (spec.sink.effect.upsert.columns.status) does not exist; run ALTER TABLE \"projections\".\"orders\" ADD COLUMN \"status\" <type>, or remove it from the mapping")},
-		{name: "progressing-effect-column-type-mismatch", obs: effectFailed(messagingv1alpha1.ReasonColumnTypeMismatch,
+		{name: "stalled-effect-column-type-mismatch", obs: effectFailed(messagingv1alpha1.ReasonColumnTypeMismatch,
 			"the sequence column \"version\" of table \"projections\".\"orders\" (spec.sink.effect.upsert.sequenceColumn) is text, but the sequence gate needs an integer type; run ALTER TABLE \"projections\".\"orders\" ALTER COLUMN \"version\" TYPE bigint USING \"version\"::bigint")},
-		{name: "progressing-effect-no-unique-key", obs: effectFailed(messagingv1alpha1.ReasonNoUniqueKey,
+		{name: "stalled-effect-no-unique-key", obs: effectFailed(messagingv1alpha1.ReasonNoUniqueKey,
 			"no primary key or unique index of \"projections\".\"orders\" covers exactly the upsert key (\"order_id\") (spec.sink.effect.upsert.key), which ON CONFLICT needs; run CREATE UNIQUE INDEX ON \"projections\".\"orders\" (\"order_id\")")},
-		{name: "progressing-effect-statement-invalid", obs: effectFailed(messagingv1alpha1.ReasonStatementInvalid,
+		{name: "stalled-effect-statement-invalid", obs: effectFailed(messagingv1alpha1.ReasonStatementInvalid,
 			"spec.sink.effect.sql.statement does not prepare: syntax error at or near \"WHER\" (SQLSTATE 42601); fix the statement")},
 		{name: "progressing-broker-unreachable", obs: ready(func(o *observation) {
 			o.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, "cannot read retention settings from the broker: dial tcp 10.0.0.9:4222: connection refused; keeping the last window 49h")
@@ -118,13 +124,13 @@ func fixtureScenarios() []fixtureScenario {
 		{name: "progressing-secret-key-missing", passFailed: true, obs: &observation{
 			secrets: failed(messagingv1alpha1.ReasonSecretKeyMissing, "Secret \"orders-db\" has no key \"dsn\" (spec.sink.postgres.connectionSecretRef)"),
 		}},
-		{name: "progressing-invalid-dsn", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonInvalidDSN,
+		{name: "stalled-invalid-dsn", obs: inboxFailed(messagingv1alpha1.ReasonInvalidDSN,
 			"the connection string in Secret \"orders-db\" key \"dsn\" cannot be parsed; expected postgres://user:password@host:5432/db or key=value form")},
-		{name: "progressing-database-unreachable", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonDatabaseError,
+		{name: "progressing-database-unreachable", obs: inboxFailed(messagingv1alpha1.ReasonDatabaseError,
 			"cannot reach the database of Secret \"orders-db\" key \"dsn\": connection refused; retrying with backoff")},
-		{name: "progressing-permission-denied", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonPermissionDenied,
-			"permission denied on schema projections (SQLSTATE 42501: permission denied for database orders); grant the role CREATE on the database and schema")},
-		{name: "progressing-provisioning-failed", passFailed: true, obs: inboxFailed(messagingv1alpha1.ReasonProvisioningFailed,
+		{name: "stalled-permission-denied", obs: inboxFailed(messagingv1alpha1.ReasonPermissionDenied,
+			"permission denied on the database named by Secret \"orders-db\" key \"dsn\" (SQLSTATE 42501: permission denied for schema projections); grant the role CREATE on the database and schema (GRANT USAGE, CREATE ON SCHEMA \"projections\" TO the role)")},
+		{name: "progressing-provisioning-failed", obs: inboxFailed(messagingv1alpha1.ReasonProvisioningFailed,
 			"provisioning the inbox in schema projections failed (SQLSTATE 53100: could not extend file)")},
 		// A deletion that left the tables in place writes this one condition
 		// just before the finalizer goes (reconcileDelete).

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,7 +55,32 @@ var (
 	nc        *nats.Conn
 	// sinkClient is the suite reconciler's sink database client.
 	sinkClient *sinkdb.Client
+	// ensures records when the suite reconciler provisioned each inbox.
+	ensures = &ensureTimes{at: map[string][]time.Time{}}
 )
+
+// ensureTimes records, per owner (namespace/name), when the reconciler
+// called Ensure: a pass that reached the inbox phase.
+type ensureTimes struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+func (e *ensureTimes) of(owner string) []time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.at[owner])
+}
+
+// recordingSink is the real sink client with Ensure recorded.
+type recordingSink struct{ *sinkdb.Client }
+
+func (r recordingSink) Ensure(ctx context.Context, t sinkdb.Target) (int, error) {
+	ensures.mu.Lock()
+	ensures.at[t.Owner] = append(ensures.at[t.Owner], time.Now())
+	ensures.mu.Unlock()
+	return r.Client.Ensure(ctx, t)
+}
 
 func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
@@ -76,9 +103,10 @@ func createDatabase(name string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:5432/%s?sslmode=disable", name)
 }
 
-// effectRecheck is the suite's EffectReady re-check period (the default,
-// 20s, is covered by TestEffectRecheckWithin30s).
-const effectRecheck = 2 * time.Second
+// recheckPeriod is the suite's re-check period of a sink, inbox or broker
+// that is not ready (the default, 20s, is covered by
+// TestEffectRecheckWithin30s).
+const recheckPeriod = 2 * time.Second
 
 // createOrdersTable creates schema.orders as newConsumer maps it, granted to
 // role when set.
@@ -137,8 +165,8 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	clk = testclock.NewFakeClock(time.Now())
 	sinkClient = sinkdb.New()
-	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk, Sink: sinkClient,
-		EffectRecheck: effectRecheck})
+	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk, Sink: recordingSink{sinkClient},
+		RecheckPeriod: recheckPeriod})
 	Expect(r.SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()

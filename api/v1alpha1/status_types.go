@@ -26,7 +26,12 @@ const (
 	ConditionRetentionResolved = "RetentionResolved"
 	// ConditionReconciling is True while the controller is converging.
 	ConditionReconciling = "Reconciling"
-	// ConditionStalled is True when progress needs a human (bad spec, conflict).
+	// ConditionStalled is True when progress needs a human, with a message
+	// that says what to run: a missing privilege, table, column or unique
+	// key, a statement or connection string that is wrong (also in
+	// EffectReady or InboxReady), an invalid spec, a conflict, an unbounded
+	// replay. A database or broker that cannot be reached is not Stalled: it
+	// is re-checked every --recheck-period while Reconciling.
 	ConditionStalled = "Stalled"
 )
 
