@@ -16,6 +16,7 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/internal/errtext"
 )
 
 // dropRetry is how often a deletion retries a sink database it cannot reach.
@@ -38,11 +39,11 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, idc *messagingv1alpha1
 		waited := r.opts.Clock.Since(idc.DeletionTimestamp.Time)
 		if waited < r.opts.DropTimeout {
 			r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, "InboxUnavailable", "DropInbox",
-				"dropping the inbox tables failed, retrying for %s more: %s", (r.opts.DropTimeout - waited).Round(time.Second), err.Error())
+				"dropping the inbox tables failed, retrying for %s more: %s", (r.opts.DropTimeout - waited).Round(time.Second), errtext.Of(err))
 			log.FromContext(ctx).Info("dropping the inbox tables failed; retrying", "error", err.Error())
 			return ctrl.Result{RequeueAfter: min(dropRetry, r.opts.DropTimeout-waited)}, nil
 		}
-		retained = fmt.Sprintf("the sink database could not be reached for %s (%s)", r.opts.DropTimeout, err.Error())
+		retained = fmt.Sprintf("the sink database could not be reached for %s (%s)", r.opts.DropTimeout, errtext.Of(err))
 	}
 	if retained != "" {
 		msg := fmt.Sprintf("the inbox tables of %s were left in place (deletionPolicy: Delete): %s; drop them by hand if they are no longer needed",

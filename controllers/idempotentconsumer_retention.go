@@ -10,7 +10,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/internal/errtext"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
@@ -56,7 +56,7 @@ func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result,
 			s.idc.Status.Retention.PendingSince = &metav1.Time{Time: next.ShrinkObservedAt}
 		}
 		s.obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending)+
-			fmt.Sprintf("; the window state in the inbox database could not be updated (%s), so no smaller window is adopted until it can", sinkdb.Redact(dbErr.Error())))
+			fmt.Sprintf("; the window state in the inbox database could not be updated (%s), so no smaller window is adopted until it can", errtext.Of(dbErr)))
 		s.window = next.InForce.Window
 		return ctrl.Result{}, nil
 	}
@@ -100,7 +100,7 @@ func (r *Reconciler) keepRetention(ctx context.Context, s *scope, deriveErr erro
 	if current != nil {
 		kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
 	}
-	s.obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %v; %s", deriveErr, kept))
+	s.obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %s; %s", errtext.Of(deriveErr), kept))
 	if current == nil {
 		return 0
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
@@ -35,6 +37,10 @@ func (c *Client) Pools() *Pools { return c.pools }
 func (c *Client) Release(owner string) { c.pools.Release(owner) }
 
 func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, *inbox.Store) error) error {
+	return c.withPool(ctx, t, func(ctx context.Context, _ *pgxpool.Pool, s *inbox.Store) error { return fn(ctx, s) })
+}
+
+func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context, *pgxpool.Pool, *inbox.Store) error) error {
 	pool, err := c.pools.acquire(t.Owner, t.DSN)
 	if err != nil {
 		return err
@@ -45,23 +51,24 @@ func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, *i
 	if err != nil {
 		return err
 	}
-	return fn(ctx, store)
+	return fn(ctx, pool, store)
 }
 
 // Ensure creates the schema and tables idempotently and returns the schema
 // version now in place. An inbox already up to date costs one query (two
 // when migrated); only a missing or older one, or one without a table it
-// now uses, runs the DDL.
+// now uses, runs the DDL. A migration refused for a privilege returns an
+// *EffectProblem naming the grant that is missing.
 func (c *Client) Ensure(ctx context.Context, t Target) (int, error) {
 	var v int
-	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err := c.withPool(ctx, t, func(ctx context.Context, pool *pgxpool.Pool, s *inbox.Store) error {
 		var err error
 		var upToDate bool
 		if v, upToDate, err = s.UpToDate(ctx); err != nil || upToDate {
-			return err
+			return explainInboxPrivilege(ctx, pool, t.Sink.Schema, err)
 		}
 		if err := s.Migrate(ctx); err != nil {
-			return err
+			return explainInboxPrivilege(ctx, pool, t.Sink.Schema, err)
 		}
 		v, err = s.SchemaVersion(ctx)
 		return err

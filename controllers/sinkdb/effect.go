@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/errtext"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 )
@@ -95,7 +96,7 @@ func explainEffect(ctx context.Context, tx pgx.Tx, cfg *config.Config) error {
 			reason = messagingv1alpha1.ReasonPermissionDenied
 		}
 		return problem(reason, "the %s into %s.%s cannot run: %s (SQLSTATE %s); fix the table or spec.sink.effect.%s",
-			cfg.Sink.Effect.Kind(), cfg.Sink.Schema, effectTable(cfg), pgErr.Message, pgErr.Code, cfg.Sink.Effect.Kind())
+			cfg.Sink.Effect.Kind(), cfg.Sink.Schema, effectTable(cfg), errtext.Sanitize(pgErr.Message), pgErr.Code, cfg.Sink.Effect.Kind())
 	}
 	return nil
 }
@@ -156,7 +157,7 @@ func statementProblem(what string, err error) error {
 	case pgErr.Code == "42601" && strings.Contains(pgErr.Message, "multiple commands"):
 		hint = "keep one command per statement (wrap several in a function, or use a CTE)"
 	}
-	return problem(reason, "spec.sink.effect.sql.statement %s: %s (SQLSTATE %s); %s", what, pgErr.Message, pgErr.Code, hint)
+	return problem(reason, "spec.sink.effect.sql.statement %s: %s (SQLSTATE %s); %s", what, errtext.Sanitize(pgErr.Message), pgErr.Code, hint)
 }
 
 func sortedNames(m map[string]string) []string {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/errtext"
 )
 
 // ErrInvalidDSN marks a connection string that cannot be parsed; the parse
@@ -15,7 +16,8 @@ import (
 // included.
 var ErrInvalidDSN = errors.New("the connection string cannot be parsed")
 
-// EffectProblem is a sink that is not ready for the effect: a reason
+// EffectProblem is a sink that is not ready for the effect (or the inbox, a
+// missing grant): a reason
 // (messagingv1alpha1.ReasonTableNotFound, ...) and a message that names the
 // table and column and says what to run.
 type EffectProblem struct {
@@ -44,26 +46,19 @@ func Classify(err error, ref messagingv1alpha1.SecretKeyRef) (string, string) {
 	if errors.Is(err, ErrInvalidDSN) {
 		return messagingv1alpha1.ReasonInvalidDSN, fmt.Sprintf("the connection string in Secret %q key %q cannot be parsed; expected postgres://user:password@host:5432/db or key=value form", ref.Name, ref.Key)
 	}
+	var p *EffectProblem
+	if errors.As(err, &p) {
+		return p.Reason, p.Message
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
 		case pgErr.Code == "42501" || strings.HasPrefix(pgErr.Code, "28"):
-			return messagingv1alpha1.ReasonPermissionDenied, fmt.Sprintf("permission denied on %s (SQLSTATE %s: %s); grant the role CREATE on the database and schema", where, pgErr.Code, pgErr.Message)
+			return messagingv1alpha1.ReasonPermissionDenied, fmt.Sprintf("permission denied on %s (SQLSTATE %s: %s); grant the role USAGE and CREATE on the schema", where, pgErr.Code, errtext.Sanitize(pgErr.Message))
 		case pgErr.Code == "3D000":
-			return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("%s does not exist (SQLSTATE %s: %s)", where, pgErr.Code, pgErr.Message)
+			return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("%s does not exist (SQLSTATE %s: %s)", where, pgErr.Code, errtext.Sanitize(pgErr.Message))
 		}
-		return messagingv1alpha1.ReasonProvisioningFailed, fmt.Sprintf("provisioning the inbox in %s failed (SQLSTATE %s: %s)", where, pgErr.Code, pgErr.Message)
+		return messagingv1alpha1.ReasonProvisioningFailed, fmt.Sprintf("provisioning the inbox in %s failed (SQLSTATE %s: %s)", where, pgErr.Code, errtext.Sanitize(pgErr.Message))
 	}
-	return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("cannot reach %s: %s; retrying with backoff", where, Redact(err.Error()))
-}
-
-// Redact drops anything that looks like a password from a driver message.
-func Redact(s string) string {
-	fields := strings.Fields(s)
-	for i, f := range fields {
-		if strings.HasPrefix(strings.ToLower(strings.Trim(f, "`'\"")), "password=") {
-			fields[i] = "password=<redacted>"
-		}
-	}
-	return strings.Join(fields, " ")
+	return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("cannot reach %s: %s; retrying with backoff", where, errtext.Of(err))
 }
