@@ -16,6 +16,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/errtext"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
@@ -179,7 +180,7 @@ func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, er
 		s.idc.Status.Lag = lag
 	}
 	if s.reading.failedRead() {
-		s.obs.brokerLimits = unknown(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("the broker was not read (%v); the limits are not known", s.reading.err))
+		s.obs.brokerLimits = unknown(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("the broker was not read (%s); the limits are not known", errtext.Of(s.reading.err)))
 	} else {
 		observeBrokerLimits(s.idc, s.rc.Config, s.reading.reading.Result.Limits, &s.obs)
 	}

@@ -118,7 +118,7 @@ func NewManagement(managementURL string, uri amqp.URI, t *config.TLS, getenv fun
 		Origin: origin,
 		user:   uri.Username,
 		pass:   uri.Password,
-		client: &http.Client{Transport: tr, Timeout: 10 * time.Second},
+		client: &http.Client{Transport: tr, Timeout: 10 * time.Second, CheckRedirect: refuseRedirect},
 	}, nil
 }
 
@@ -138,3 +138,9 @@ func (m *Management) Do(req *http.Request) (*http.Response, error) { return m.cl
 
 // Close closes the idle connections kept for further calls.
 func (m *Management) Close() { m.client.CloseIdleConnections() }
+
+// refuseRedirect follows no redirect: the request carries the AMQP
+// credentials as Basic auth, and a management URL must not be a way to
+// send them (or the operator's requests) to a host the resource did not
+// name. The caller gets the 3xx response and reports it.
+func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -146,6 +146,8 @@ func rabbitStatusError(resp *http.Response, path string) error {
 		return fmt.Errorf("the RabbitMQ management API refused the credentials of the AMQP URI for GET %s (HTTP %d); the user needs the monitoring or management tag", path, c)
 	case c >= 500:
 		return unreachable("calling the RabbitMQ management API", fmt.Errorf("GET %s: HTTP %d", path, c))
+	case c >= 300 && c < 400:
+		return fmt.Errorf("the RabbitMQ management API answered GET %s with a redirect (HTTP %d), which is not followed: set managementURL to the API itself", path, c)
 	}
 	return fmt.Errorf("unexpected answer from the RabbitMQ management API to GET %s: HTTP %d", path, resp.StatusCode)
 }

@@ -115,4 +115,3 @@ func roleName(t *testing.T, dsn string) string {
 	}
 	return cfg.User
 }
-
