@@ -10,7 +10,7 @@
 // exists here). A missing node or service fails the suite; it never skips.
 //
 // `make test-e2e` sets the environment: IDC_E2E_KUBECONFIG, IDC_E2E_INSTALL,
-// IDC_E2E_KUBECTL, IDC_E2E_HELM, IDC_E2E_IMAGE, IDC_E2E_IMAGE_ID (the config digest of the
+// IDC_E2E_KUBECTL, IDC_E2E_HELM, IDC_E2E_PLUGIN (bin/kubectl-idc), IDC_E2E_IMAGE, IDC_E2E_IMAGE_ID (the config digest of the
 // image `make image` built), IDC_E2E_VERSION and IDC_E2E_AUDIT_LOG.
 package e2e
 
@@ -22,7 +22,7 @@ import (
 
 // env is the suite's environment, read once.
 var env struct {
-	kubeconfig, install, kubectl, helm, image, imageID, version, auditLog string
+	kubeconfig, install, kubectl, helm, plugin, image, imageID, version, auditLog string
 }
 
 func TestMain(m *testing.M) {
@@ -30,12 +30,13 @@ func TestMain(m *testing.M) {
 	env.install = os.Getenv("IDC_E2E_INSTALL")
 	env.kubectl = os.Getenv("IDC_E2E_KUBECTL")
 	env.helm = os.Getenv("IDC_E2E_HELM")
+	env.plugin = os.Getenv("IDC_E2E_PLUGIN")
 	env.image = os.Getenv("IDC_E2E_IMAGE")
 	env.imageID = os.Getenv("IDC_E2E_IMAGE_ID")
 	env.version = os.Getenv("IDC_E2E_VERSION")
 	env.auditLog = os.Getenv("IDC_E2E_AUDIT_LOG")
 	for name, v := range map[string]string{
-		"IDC_E2E_KUBECONFIG": env.kubeconfig, "IDC_E2E_INSTALL": env.install, "IDC_E2E_KUBECTL": env.kubectl, "IDC_E2E_HELM": env.helm,
+		"IDC_E2E_KUBECONFIG": env.kubeconfig, "IDC_E2E_INSTALL": env.install, "IDC_E2E_KUBECTL": env.kubectl, "IDC_E2E_HELM": env.helm, "IDC_E2E_PLUGIN": env.plugin,
 		"IDC_E2E_IMAGE": env.image, "IDC_E2E_IMAGE_ID": env.imageID, "IDC_E2E_VERSION": env.version, "IDC_E2E_AUDIT_LOG": env.auditLog,
 	} {
 		if v == "" {

@@ -58,6 +58,7 @@ func TestRealNode(t *testing.T) {
 		{"restricted-namespace", s.restrictedNamespace},
 		{"metrics-authn-authz", s.metricsAuth},
 		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
+		{"kubectl-idc-plugin", s.kubectlPlugin},
 		{"every-broker-goes-ready", s.everyBroker},
 		{"pipeline-emit-and-http-outbox", s.pipelineAndHTTPOutbox},
 		{"pod-killed-under-load", s.podKilledUnderLoad},
