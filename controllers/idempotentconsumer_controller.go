@@ -165,7 +165,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // series, the broker reading, the memo of applied children and its pool.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	forgetBrokerLimits(key.Namespace, key.Name)
-	forgetPruneHeldBack(key.Namespace, key.Name)
 	r.readings.forget(key)
 	r.applied.forget(key)
 	r.opts.Sink.Release(key.String())
@@ -250,6 +249,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}); err != nil {
 			return fmt.Errorf("indexing %s: %w", key, err)
 		}
+	}
+	if err := registerStateCollector(NewStateCollector(mgr.GetCache())); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("idempotentconsumer").

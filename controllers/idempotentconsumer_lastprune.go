@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -21,7 +20,7 @@ import (
 // lastPrunePhase copies the latest prune run recorded in the database into
 // status.lastPrune and, when that run was held back by the consumer's
 // progress, says so in PruneScheduled (and so in Ready's reason) and in
-// idc_prune_held_back_seconds. Reading it is informational: a failure is
+// idc_prune_held_back_seconds (StateCollector). Reading it is informational: a failure is
 // logged, not fatal.
 func (r *Reconciler) lastPrunePhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	idc, obs := s.idc, &s.obs
@@ -32,25 +31,12 @@ func (r *Reconciler) lastPrunePhase(ctx context.Context, s *scope) (ctrl.Result,
 		return ctrl.Result{}, nil
 	}
 	idc.Status.LastPrune = lastPruneStatus(run)
-	held := heldBackSeconds(idc.Status.LastPrune, r.opts.Clock.Now())
-	pruneHeldBack.WithLabelValues(idc.Namespace, idc.Name).Set(held)
-	if held > 0 && obs.prune.ok {
+	if heldBackSeconds(idc.Status.LastPrune, r.opts.Clock.Now()) > 0 && obs.prune.ok {
 		obs.prune = okOutcome(messagingv1alpha1.ReasonPruneHeldBack, fmt.Sprintf(
 			"the last prune run (%s) kept ids its window would have deleted: %s",
 			idc.Status.LastPrune.Time.UTC().Format(time.RFC3339), idc.Status.LastPrune.HeldBack))
 	}
 	return ctrl.Result{}, nil
-}
-
-// pruneHeldBack is how long pruning has been held back by the consumer's
-// progress, as of the last prune run; 0 when that run was not held back.
-var pruneHeldBack = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "idc_prune_held_back_seconds",
-	Help: "Seconds since the consumer's progress began holding pruning back (a replica stopped with claims the broker may still redeliver), as of the last prune run; 0 when it was not held back.",
-}, []string{"namespace", "name"})
-
-func init() {
-	ctrlmetrics.Registry.MustRegister(pruneHeldBack)
 }
 
 // heldBackSeconds is the hold's age for the metric: from heldSince to now,
@@ -63,11 +49,6 @@ func heldBackSeconds(st *messagingv1alpha1.PruneRunStatus, now time.Time) float6
 		return 1
 	}
 	return max(now.Sub(st.HeldSince.Time).Seconds(), 1)
-}
-
-// forgetPruneHeldBack drops the metric series of a deleted resource.
-func forgetPruneHeldBack(namespace, name string) {
-	pruneHeldBack.DeleteLabelValues(namespace, name)
 }
 
 // lastPruneStatus is status.lastPrune for a recorded run; runs still going
@@ -108,7 +89,9 @@ func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructur
 // metrics (test/monitoring checks the alerts against them).
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
 	brokerLimitTooSmall.Describe(ch)
-	pruneHeldBack.Describe(ch)
+	for _, d := range stateDescs {
+		ch <- d
+	}
 	brokerReads.Describe(ch)
 	statusPatches.Describe(ch)
 	childApplies.Describe(ch)
