@@ -256,10 +256,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("idempotentconsumer").
 		For(&messagingv1alpha1.IdempotentConsumer{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, redriveAnnotationChanged, deletionMarked))).
-		Owns(&appsv1.Deployment{}).
-		Owns(&batchv1.CronJob{}).
-		Owns(&batchv1.Job{}).
-		Owns(&corev1.ConfigMap{}).
+		Owns(&appsv1.Deployment{}, builder.WithPredicates(childChanged)).
+		Owns(&batchv1.CronJob{}, builder.WithPredicates(childChanged)).
+		Owns(&batchv1.Job{}, builder.WithPredicates(childChanged)).
+		Owns(&corev1.ConfigMap{}, builder.WithPredicates(childChanged)).
 		// Only Secret metadata is cached: enough to map a change to its
 		// consumers; the data is read on demand.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.consumersOfSecret), builder.OnlyMetadata).
@@ -268,6 +268,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&messagingv1alpha1.IdempotentConsumer{}, handler.EnqueueRequestsFromMapFunc(r.rivalsOf), builder.WithPredicates(goingAway)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.opts.MaxConcurrent}).
 		Complete(r)
+}
+
+// childChanged passes every event of an owned child but its creation: the
+// reconciler created it in the pass that is running (or, at start, the
+// owner's own event is queued anyway), so a pass for it would only read
+// back what was just written: one pass per resource and child kind saved
+// when many resources are created at once. Updates (status, someone's
+// edit) and deletions still wake the owner.
+var childChanged = predicate.Funcs{
+	CreateFunc: func(event.CreateEvent) bool { return false },
 }
 
 // goingAway passes deletions and the update that marks a resource deleted.

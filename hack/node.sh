@@ -22,6 +22,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 N=${IDC_NODE_DIR:-$root/bin/node}
+# The kernel lists mounts by their real path: with bin/ a symlink, the
+# teardown's and check-clean's /proc/self/mountinfo greps must match that,
+# or they miss (and leave) the kubelet's mounts.
+N=$(realpath -m "$N")
 NODE=${IDC_NODE_NAME:-idc-node}
 BRIDGE=${IDC_NODE_BRIDGE:-idc0}
 GW=10.88.0.1

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -78,6 +79,12 @@ func (p *Pools) acquireLocked(owner, key, dsn string) (pool, unused *pgxpool.Poo
 	pc.MinConns = 0
 	pc.MaxConnIdleTime = time.Minute
 	pc.ConnConfig.ConnectTimeout = dbTimeout
+	// The controller's statements name each resource's own tables, so
+	// almost none repeats on a connection: pgx's default (prepare and cache
+	// every statement) would cost each one an extra round trip and keep up
+	// to 512 prepared statements per connection in the manager and in
+	// PostgreSQL. They run unprepared, in one round trip each.
+	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pool, err = pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, unused, fmt.Errorf("while creating a pool for the sink database: %w", err)

@@ -124,6 +124,11 @@ func (r *Redriver) Run(ctx context.Context, opts Options) (Result, error) {
 	if opts.Run == "" {
 		return res, errors.New("while redriving: a run name is required")
 	}
+	// The first redrive of an inbox creates its log of outcomes (and an
+	// inbox of an older runtime is upgraded); idempotent.
+	if err := r.store.Migrate(ctx); err != nil {
+		return res, err
+	}
 	ids, err := r.store.SelectDeadLetters(ctx, r.pool, opts.Filter)
 	if err != nil {
 		return res, err

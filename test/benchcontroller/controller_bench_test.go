@@ -249,11 +249,16 @@ func BenchmarkController(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	anon, file, err := mgr.rssParts()
+	if err != nil {
+		b.Fatal(err)
+	}
 	lat := ready.latencies(createdAt)
 	diag("dry-run warm-up create: %s", warmup.Round(time.Millisecond))
 	diag("creates: %d in %s; all Deployments seen at %s; all InboxReady at %s; all Ready at %s; manager VmHWM %.0f MiB, VmRSS %.0f MiB, CPU %.1fs",
 		n, createsDone.Round(time.Millisecond), sinceStart(deployments.last(), start), sinceStart(inboxReady.last(), start),
 		sinceStart(ready.last(), start), peak, current, cpu)
+	diag("manager resident memory now: %.0f MiB anonymous (heap, stacks, runtime), %.0f MiB file-backed (the binary)", anon, file)
 	diag("create -> Ready per resource: p50 %s, p90 %s, max %s",
 		percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond))
 	if path := os.Getenv("IDC_BENCH_HEAP_PROFILE"); path != "" {

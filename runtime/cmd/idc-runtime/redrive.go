@@ -78,11 +78,6 @@ func redriveCommand(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return report(log, withCode(exitUsage, err))
 	}
-	// The <inbox>_redrives table may be newer than the inbox; migrating
-	// is idempotent.
-	if err := r.Store().Migrate(ctx); err != nil {
-		return report(log, err)
-	}
 	res, runErr := r.Run(ctx, opts)
 	b, err := json.Marshal(res)
 	if err != nil {
