@@ -122,6 +122,21 @@ func (s *suite) kubectlPlugin(ctx context.Context, t *testing.T) {
 		t.Fatalf("an unknown reason class: exit %d, want 2 (usage)", res.code)
 	}
 
+	// redrive --dry-run counts what a redrive would select and changes
+	// nothing.
+	var dry struct {
+		Token       string `json:"token"`
+		DryRun      bool   `json:"dryRun"`
+		WouldSelect *int64 `json:"wouldSelect"`
+	}
+	s.pluginJSON(ctx, t, &dry, "redrive", name, "--reason", "invalid_json", "--dry-run")
+	if !dry.DryRun || dry.WouldSelect == nil || *dry.WouldSelect != 1 {
+		t.Fatalf("redrive --dry-run: %+v, want 1 dead letter selected", dry)
+	}
+	if got := s.get(ctx, t, s.orders); got.Annotations[messagingv1alpha1.AnnotationRedrive] != "" {
+		t.Fatalf("redrive --dry-run set the annotation: %v", got.Annotations)
+	}
+
 	// redrive --reason ... --wait settles each: the controller's Job
 	// replays it through the claim and the effect, and the outcome is
 	// printed (a poison message fails again, or has no usable id).
