@@ -5,6 +5,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -89,8 +90,8 @@ func podSpec(idc *messagingv1alpha1.IdempotentConsumer, image string, rc *render
 		{Name: "tmp", MountPath: "/tmp"},
 	}
 	container.SecurityContext = restrictedContainerSecurityContext()
-	container.Resources = idc.Spec.Runtime.Resources
-	return corev1.PodSpec{
+	container.Resources = runtimeResources(idc.Spec.Runtime.Resources)
+	spec := corev1.PodSpec{
 		ServiceAccountName:           idc.Spec.Runtime.ServiceAccountName,
 		AutomountServiceAccountToken: ptr.To(false),
 		SecurityContext: &corev1.PodSecurityContext{
@@ -104,9 +105,58 @@ func podSpec(idc *messagingv1alpha1.IdempotentConsumer, image string, rc *render
 			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 				LocalObjectReference: corev1.LocalObjectReference{Name: configMapName(idc)},
 			}}},
-			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(tmpSizeLimit)}}},
 		},
 	}
+	placePods(idc, &spec)
+	return spec
+}
+
+// defaultRequests are the runtime container's requests for cpu and memory
+// when spec.runtime.resources names neither a request nor a limit for
+// them: a pod without requests is the first evicted and may land on a node
+// with nothing left for it.
+var defaultRequests = corev1.ResourceList{
+	corev1.ResourceCPU:    resource.MustParse("100m"),
+	corev1.ResourceMemory: resource.MustParse("128Mi"),
+}
+
+// tmpSizeLimit bounds the /tmp scratch volume: the runtime writes little
+// there, and a runaway write must evict the pod, not fill the node's disk.
+var tmpSizeLimit = resource.MustParse("64Mi")
+
+// runtimeResources is spec.runtime.resources with defaultRequests filled in
+// for each resource that has neither a request nor a limit (Kubernetes
+// copies a limit into a missing request, and a default above it would be
+// refused).
+func runtimeResources(in corev1.ResourceRequirements) corev1.ResourceRequirements {
+	out := *in.DeepCopy()
+	for name, q := range defaultRequests {
+		if _, ok := out.Requests[name]; ok {
+			continue
+		}
+		if _, ok := out.Limits[name]; ok {
+			continue
+		}
+		if out.Requests == nil {
+			out.Requests = corev1.ResourceList{}
+		}
+		out.Requests[name] = q.DeepCopy()
+	}
+	return out
+}
+
+// placePods passes spec.runtime's placement (nodeSelector, affinity,
+// tolerations, topologySpreadConstraints, priorityClassName) through to a
+// pod spec: the consumer Deployment's, the prune CronJob's and the redrive
+// Job's pods are all placed alike.
+func placePods(idc *messagingv1alpha1.IdempotentConsumer, spec *corev1.PodSpec) {
+	rt := idc.Spec.Runtime
+	spec.NodeSelector = rt.NodeSelector
+	spec.Affinity = rt.Affinity.DeepCopy()
+	spec.Tolerations = rt.Tolerations
+	spec.TopologySpreadConstraints = rt.TopologySpreadConstraints
+	spec.PriorityClassName = rt.PriorityClassName
 }
 
 func podAnnotations(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, secretsHash string) map[string]string {

@@ -147,7 +147,9 @@ type RuntimeSpec struct {
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 	// resources of the runtime container. A cpu, memory or ephemeral-storage
-	// request may not exceed its limit (the pods would be refused).
+	// request may not exceed its limit (the pods would be refused). A cpu or
+	// memory request that is not given (nor a limit, which Kubernetes would
+	// copy into the request) defaults to 100m cpu and 128Mi memory.
 	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('cpu' in self.requests) || !('cpu' in self.limits) || !isQuantity(string(self.requests['cpu'])) || !isQuantity(string(self.limits['cpu'])) || quantity(string(self.requests['cpu'])).compareTo(quantity(string(self.limits['cpu']))) <= 0",message="the cpu request must not exceed the cpu limit",fieldPath=".requests['cpu']"
 	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('memory' in self.requests) || !('memory' in self.limits) || !isQuantity(string(self.requests['memory'])) || !isQuantity(string(self.limits['memory'])) || quantity(string(self.requests['memory'])).compareTo(quantity(string(self.limits['memory']))) <= 0",message="the memory request must not exceed the memory limit",fieldPath=".requests['memory']"
 	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || !has(self.limits) || !('ephemeral-storage' in self.requests) || !('ephemeral-storage' in self.limits) || !isQuantity(string(self.requests['ephemeral-storage'])) || !isQuantity(string(self.limits['ephemeral-storage'])) || quantity(string(self.requests['ephemeral-storage'])).compareTo(quantity(string(self.limits['ephemeral-storage']))) <= 0",message="the ephemeral-storage request must not exceed the ephemeral-storage limit",fieldPath=".requests['ephemeral-storage']"
@@ -166,6 +168,37 @@ type RuntimeSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('(?i)^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$') && k.indexOf('/') <= 253)",message="pod annotation keys must be qualified names: an optional DNS-1123 subdomain prefix of at most 253 characters and '/', then a name of at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
 	// +optional
 	PodAnnotations map[string]string `json:"podAnnotations,omitempty"`
+	// nodeSelector of the consumer, prune and redrive pods: the labels a
+	// node must carry (e.g. to run next to the sink database).
+	// +kubebuilder:validation:MaxProperties=64
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// affinity of the consumer, prune and redrive pods: node affinity, pod
+	// affinity and anti-affinity (e.g. consumers away from each other).
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+	// tolerations of the consumer, prune and redrive pods.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",message="a toleration with operator Exists takes no value"
+	// +listType=atomic
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// topologySpreadConstraints of the consumer, prune and redrive pods;
+	// their labelSelector usually selects the consumer pods
+	// (app.kubernetes.io/instance: <name>, app.kubernetes.io/component:
+	// consumer).
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:XValidation:rule="self.all(c, c.maxSkew >= 1)",message="maxSkew must be at least 1"
+	// +kubebuilder:validation:XValidation:rule="self.all(c, c.whenUnsatisfiable in ['DoNotSchedule', 'ScheduleAnyway'])",message="whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway"
+	// +listType=atomic
+	// +optional
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+	// priorityClassName of the consumer, prune and redrive pods, a DNS-1123
+	// subdomain.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
 // +kubebuilder:object:root=true

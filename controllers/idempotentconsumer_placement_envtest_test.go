@@ -1,0 +1,84 @@
+package controllers
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+)
+
+var _ = Describe("pod placement and resources", func() {
+	It("passes spec.runtime's placement to the Deployment and the CronJob, with default requests and a bounded /tmp", func() {
+		name := "placed-" + randomSuffix()
+		newSecret(name+"-db", testDSN)
+		idc := newConsumer(name, newStream(24*time.Hour), name+"-db")
+		idc.Spec.Runtime.Resources = corev1.ResourceRequirements{}
+		consumers := &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "consumer"}}
+		idc.Spec.Runtime.NodeSelector = map[string]string{"topology.kubernetes.io/zone": "zone-a"}
+		idc.Spec.Runtime.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: corev1.PodAffinityTerm{
+				LabelSelector: consumers, TopologyKey: "kubernetes.io/hostname",
+			}}},
+		}}
+		idc.Spec.Runtime.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "consumers", Effect: corev1.TaintEffectNoSchedule}}
+		idc.Spec.Runtime.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: consumers,
+		}}
+		idc.Spec.Runtime.PriorityClassName = "consumers-high"
+		create(idc)
+
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-prune"}, &batchv1.CronJob{})
+		}, timeout, interval).Should(Succeed())
+		for kind, spec := range map[string]corev1.PodSpec{
+			"Deployment": deployment(name).Spec.Template.Spec,
+			"CronJob":    cronJob(name).Spec.JobTemplate.Spec.Template.Spec,
+		} {
+			By(kind)
+			Expect(spec.NodeSelector).To(Equal(idc.Spec.Runtime.NodeSelector), kind)
+			Expect(spec.Affinity).To(Equal(idc.Spec.Runtime.Affinity), kind)
+			Expect(spec.Tolerations).To(Equal(idc.Spec.Runtime.Tolerations), kind)
+			Expect(spec.TopologySpreadConstraints).To(Equal(idc.Spec.Runtime.TopologySpreadConstraints), kind)
+			Expect(spec.PriorityClassName).To(Equal("consumers-high"), kind)
+			requests := spec.Containers[0].Resources.Requests
+			Expect(requests.Cpu().Cmp(resource.MustParse("100m"))).To(Equal(0), kind)
+			Expect(requests.Memory().Cmp(resource.MustParse("128Mi"))).To(Equal(0), kind)
+			var tmp *corev1.Volume
+			for i := range spec.Volumes {
+				if spec.Volumes[i].Name == "tmp" {
+					tmp = &spec.Volumes[i]
+				}
+			}
+			Expect(tmp).NotTo(BeNil(), kind)
+			Expect(tmp.EmptyDir.SizeLimit).NotTo(BeNil(), kind)
+			Expect(tmp.EmptyDir.SizeLimit.Cmp(resource.MustParse("64Mi"))).To(Equal(0), kind)
+		}
+
+		// A change of placement reaches the children.
+		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) {
+			idc.Spec.Runtime.NodeSelector = map[string]string{"topology.kubernetes.io/zone": "zone-b"}
+		})
+		Eventually(func() map[string]string { return deployment(name).Spec.Template.Spec.NodeSelector }, timeout, interval).
+			Should(HaveKeyWithValue("topology.kubernetes.io/zone", "zone-b"))
+		Eventually(func() map[string]string { return cronJob(name).Spec.JobTemplate.Spec.Template.Spec.NodeSelector }, timeout, interval).
+			Should(HaveKeyWithValue("topology.kubernetes.io/zone", "zone-b"))
+	})
+
+	It("refuses a toleration with operator Exists and a value, and a maxSkew of 0", func() {
+		name := "placed-bad-" + randomSuffix()
+		idc := newConsumer(name, "ORDERS", name+"-db")
+		idc.Spec.Runtime.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists, Value: "x"}}
+		err := k8sClient.Create(ctx, idc)
+		Expect(err).To(MatchError(ContainSubstring("operator Exists takes no value")))
+		idc = newConsumer(name, "ORDERS", name+"-db")
+		idc.Spec.Runtime.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 0, TopologyKey: "zone", WhenUnsatisfiable: corev1.DoNotSchedule}}
+		Expect(k8sClient.Create(ctx, idc)).To(MatchError(ContainSubstring("maxSkew must be at least 1")))
+	})
+})
