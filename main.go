@@ -8,7 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -35,7 +37,7 @@ func main() {
 func run() error {
 	var (
 		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
-		pprofAddr                                             string
+		pprofAddr, allowedImages, httpDeny                    string
 		leaderElect, secureMetrics, enableHTTP2               bool
 		retentionPeriod, dropTimeout, recheckPeriod           time.Duration
 		maxConcurrent, apiBurst                               int
@@ -49,6 +51,8 @@ func run() error {
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader so only one manager reconciles.")
 	flag.StringVar(&watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches all.")
 	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
+	flag.StringVar(&allowedImages, "allowed-runtime-images", "", "Comma-separated images spec.runtime.image may name (an entry ending in * allows every image it prefixes); empty allows the runtime image alone. Any other image stalls the resource with ImageNotAllowed.")
+	flag.StringVar(&httpDeny, "http-deny-networks", strings.Join(controllers.DefaultHTTPDenyNetworks, ","), "Comma-separated CIDRs the http effect never connects to (checked on the dialled address, after DNS); empty denies none.")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
 	flag.DurationVar(&recheckPeriod, "recheck-period", controllers.DefaultRecheckPeriod, "How often a resource whose sink, inbox or broker is not ready is checked again (a fixed period, at most 30s; never a growing backoff).")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
@@ -67,6 +71,11 @@ func run() error {
 
 	if runtimeImage == "" {
 		return fmt.Errorf("no runtime image: set --runtime-image or RUNTIME_IMAGE")
+	}
+	for _, n := range splitList(httpDeny) {
+		if _, err := netip.ParsePrefix(n); err != nil {
+			return fmt.Errorf("--http-deny-networks: %q is not a CIDR (e.g. 169.254.0.0/16)", n)
+		}
 	}
 	if recheckPeriod <= 0 || recheckPeriod > 30*time.Second {
 		return fmt.Errorf("--recheck-period %s: want more than 0 and at most 30s", recheckPeriod)
@@ -114,6 +123,9 @@ func run() error {
 		MaxConcurrent:   maxConcurrent,
 		DropTimeout:     dropTimeout,
 		RecheckPeriod:   recheckPeriod,
+
+		AllowedRuntimeImages: splitList(allowedImages),
+		HTTPDenyNetworks:     splitList(httpDeny),
 	})
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the controller: %w", err)
@@ -136,4 +148,15 @@ func run() error {
 	}
 	ctrl.Log.WithName("setup").Info("starting manager", "version", version.String(), "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// splitList splits a comma-separated flag value, dropping empty entries.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

@@ -107,15 +107,25 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rendering the runtime config: %w", err)
 	}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the runtime config: %w", err)
-	}
-	hash, err := configHash(cfg)
-	if err != nil {
+	rc := &renderedConfig{Config: cfg, Secrets: secrets}
+	if err := rc.encode(); err != nil {
 		return nil, err
 	}
-	return &renderedConfig{Config: cfg, Secrets: secrets, JSON: b, Hash: hash}, nil
+	return rc, nil
+}
+
+// encode sets JSON and Hash from Config.
+func (rc *renderedConfig) encode() error {
+	b, err := json.Marshal(rc.Config)
+	if err != nil {
+		return fmt.Errorf("encoding the runtime config: %w", err)
+	}
+	hash, err := configHash(rc.Config)
+	if err != nil {
+		return err
+	}
+	rc.JSON, rc.Hash = b, hash
+	return nil
 }
 
 // configHash identifies the config without delivery.replicas: scaling must

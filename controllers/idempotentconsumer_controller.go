@@ -49,6 +49,15 @@ const (
 type Options struct {
 	// RuntimeImage is the default image of the consumer and prune pods.
 	RuntimeImage string
+	// AllowedRuntimeImages are the images spec.runtime.image may name
+	// (an entry ending in * allows every image it is a prefix of); empty
+	// allows RuntimeImage alone. Any other image stalls the resource with
+	// ImageNotAllowed: a resource author must not run an image of their
+	// choice with the namespace's Secrets through the operator.
+	AllowedRuntimeImages []string
+	// HTTPDenyNetworks are the CIDRs the http effect never connects to,
+	// passed to the runtime in its config (DefaultHTTPDenyNetworks).
+	HTTPDenyNetworks []string
 	// RetentionPeriod is how often the broker is read (window inputs,
 	// limits, lag) and the last prune run read back.
 	RetentionPeriod time.Duration

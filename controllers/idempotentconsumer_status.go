@@ -46,6 +46,9 @@ type observation struct {
 	prune     outcome
 	// brokerLimits is the BrokerLimits condition; it never blocks Ready.
 	brokerLimits outcome
+	// warning is added to the Ready condition's message (a spec that
+	// turns TLS certificate verification off).
+	warning string
 	// err is a failure of the pass itself (the API server): retried with
 	// backoff. Sink and broker faults are not errors: they are re-checked.
 	err error
@@ -98,6 +101,9 @@ func setConditions(idc *messagingv1alpha1.IdempotentConsumer, o *observation) {
 	setCondition(idc, messagingv1alpha1.ConditionBrokerLimits, o.brokerLimits, outcome{})
 
 	ready := summarize(o)
+	if o.warning != "" {
+		ready.message += "; " + o.warning
+	}
 	setCondition(idc, messagingv1alpha1.ConditionReady, ready, outcome{})
 
 	stalled := o.stalled.reached && !o.stalled.ok

@@ -115,10 +115,18 @@ func (r *Reconciler) renderPhase(_ context.Context, s *scope) (ctrl.Result, erro
 	if err == nil {
 		err = validateSQLParams(rc.Config)
 	}
+	if err == nil {
+		err = rc.withHTTPDenyNetworks(r.opts.HTTPDenyNetworks)
+	}
 	if err != nil {
 		s.stall(messagingv1alpha1.ReasonInvalidSpec, err.Error())
 		return ctrl.Result{}, nil
 	}
+	if msg := r.imageRefusal(s.idc); msg != "" {
+		s.stall(messagingv1alpha1.ReasonImageNotAllowed, msg)
+		return ctrl.Result{}, nil
+	}
+	r.warnInsecureTLS(s)
 	s.rc = rc
 	return ctrl.Result{}, nil
 }

@@ -68,6 +68,13 @@ const (
 	// because they could not be dropped (the spec no longer renders, the
 	// Secret is gone, the database stayed unreachable past --drop-timeout).
 	ReasonInboxRetained = "InboxRetained"
+	// ReasonImageNotAllowed (Stalled): spec.runtime.image names an image
+	// the manager's --allowed-runtime-images does not list; nothing is
+	// deployed with it.
+	ReasonImageNotAllowed = "ImageNotAllowed"
+	// ReasonInsecureSkipVerify: the Warning event of a spec that turns off
+	// TLS certificate verification (a tls.insecureSkipVerify: true).
+	ReasonInsecureSkipVerify = "InsecureSkipVerify"
 
 	// EffectReady=False reasons (the sink is not ready for the effect).
 	ReasonTableNotFound      = "TableNotFound"

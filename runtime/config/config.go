@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"regexp"
 	"strings"
@@ -239,6 +240,10 @@ type HTTP struct {
 	// acks) or Outbox (the claim and an outbox row commit together and the
 	// message is acked at once; the relay's dispatcher calls the endpoint).
 	Delivery string `json:"delivery,omitempty"`
+	// DenyNetworks are CIDRs the effect never connects to, checked on the
+	// address actually dialled (after DNS): the manager's --http-deny-networks
+	// (link-local and cloud metadata addresses by default).
+	DenyNetworks []string `json:"denyNetworks,omitempty"`
 }
 
 // Values of HTTP.Delivery.
@@ -576,6 +581,11 @@ func (c *Config) validateEffect(bad func(string, string, ...any), ident func(str
 		n++
 		if !strings.HasPrefix(h.URL, "http://") && !strings.HasPrefix(h.URL, "https://") {
 			bad("sink.effect.http.url", "must start with http:// or https://")
+		}
+		for i, n := range h.DenyNetworks {
+			if _, err := netip.ParsePrefix(n); err != nil {
+				bad(fmt.Sprintf("sink.effect.http.denyNetworks[%d]", i), "%q is not a CIDR (e.g. 169.254.0.0/16)", n)
+			}
 		}
 		if h.Delivery != "" && h.Delivery != HTTPInline && h.Delivery != HTTPOutbox {
 			bad("sink.effect.http.delivery", "must be Inline or Outbox, got %q", h.Delivery)

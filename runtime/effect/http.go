@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +49,10 @@ func newHTTP(cfg *config.HTTP) (*httpEffect, error) {
 	if _, err := http.NewRequest(method, cfg.URL, nil); err != nil {
 		return nil, fmt.Errorf("while building the http effect: %w", err)
 	}
+	deny, err := parseDenyNetworks(cfg.DenyNetworks)
+	if err != nil {
+		return nil, err
+	}
 	// Calls run up to httpConcurrency (inline) or the dispatcher's
 	// concurrency at once: keep that many connections alive, not
 	// net/http's default of 2 per host.
@@ -53,7 +60,56 @@ func newHTTP(cfg *config.HTTP) (*httpEffect, error) {
 	// TLS handshake timeouts, HTTP/2).
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 64
-	return &httpEffect{url: cfg.URL, method: method, timeout: timeout, client: &http.Client{Transport: transport}}, nil
+	// The deny list is checked where the connection is made, on the address
+	// DNS resolved to: a name that points at a metadata address is refused
+	// too. net/http's default dialer settings otherwise.
+	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: deny.control}
+	transport.DialContext = dialer.DialContext
+	client := &http.Client{Transport: transport, CheckRedirect: refuseRedirect}
+	return &httpEffect{url: cfg.URL, method: method, timeout: timeout, client: client}, nil
+}
+
+// refuseRedirect follows no redirect: it would send the message (and the
+// Idempotency-Key) to a place the resource did not name, https to http or
+// to a link-local address included, and 307/308 would send the body again.
+// The 3xx itself is returned, and classifyStatus fails the call with it.
+func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// ErrAddressDenied is a connection refused by the deny list.
+var ErrAddressDenied = errors.New("address denied by the manager's --http-deny-networks")
+
+// denyNetworks is the parsed deny list.
+type denyNetworks []netip.Prefix
+
+func parseDenyNetworks(cidrs []string) (denyNetworks, error) {
+	out := make(denyNetworks, 0, len(cidrs))
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("while parsing the http deny list: %w", err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// control is net.Dialer.Control: it runs after DNS, on the very address
+// about to be connected.
+func (d denyNetworks) control(_, address string, _ syscall.RawConn) error {
+	if len(d) == 0 {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("while checking %s against the deny list: %w", address, err)
+	}
+	ip := ap.Addr().Unmap()
+	for _, p := range d {
+		if p.Contains(ip) {
+			return fmt.Errorf("%w: %s is in %s", ErrAddressDenied, ip, p)
+		}
+	}
+	return nil
 }
 
 func (h *httpEffect) Transactional() bool { return false }
@@ -170,6 +226,9 @@ var ErrHTTPStatus = errors.New("http effect refused")
 func classifyStatus(code int, body []byte) (failureClass, error) {
 	if code >= 200 && code < 300 {
 		return permanent, nil
+	}
+	if code >= 300 && code < 400 {
+		return permanent, fmt.Errorf("%w: status %d: a redirect, which the http effect does not follow; set spec.sink.effect.http.url to the endpoint itself", ErrHTTPStatus, code)
 	}
 	err := fmt.Errorf("%w: status %d: %s", ErrHTTPStatus, code, bytes.TrimSpace(body))
 	switch {
