@@ -17,6 +17,7 @@ import (
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
 	"github.com/idempotency-dev/idc-operator/internal/errtext"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // dropRetry is how often a deletion retries a sink database it cannot reach.
@@ -79,7 +80,9 @@ func inboxNameOf(idc *messagingv1alpha1.IdempotentConsumer) string {
 //     tables cannot be found;
 //   - the database itself is gone (SQLSTATE 3D000): no tables are left;
 //   - a resource that lost a conflict never owned the tables: dropping them
-//     would destroy the winner's inbox.
+//     would destroy the winner's inbox;
+//   - the inbox's meta table does not mark the tables as the operator's
+//     (inbox.ErrNotOperatorInbox): they are someone else's.
 func (r *Reconciler) dropInbox(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer) (string, error) {
 	if c := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue && c.Reason == messagingv1alpha1.ReasonConflict {
 		return "", nil
@@ -98,6 +101,10 @@ func (r *Reconciler) dropInbox(ctx context.Context, idc *messagingv1alpha1.Idemp
 	}
 	s := &scope{idc: idc, key: client.ObjectKeyFromObject(idc), rc: rc, secrets: secrets}
 	if err := r.opts.Sink.Drop(ctx, s.target()); err != nil {
+		if errors.Is(err, inbox.ErrNotOperatorInbox) {
+			// Not ours to drop: refused for good, the resource goes.
+			return "refusing to drop them: " + errtext.Of(err), nil
+		}
 		if sinkdb.IsDatabaseGone(err) {
 			r.recorder.Eventf(idc, nil, corev1.EventTypeNormal, "InboxDropped", "DropInbox",
 				"the database of %s.%s no longer exists: nothing to drop", rc.Config.Sink.Schema, rc.Config.Sink.InboxTable)

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -40,7 +41,13 @@ func secretNames(idc *messagingv1alpha1.IdempotentConsumer) []string {
 // never logged nor written anywhere.
 type resolvedSecrets struct {
 	values map[string]string
-	// hash of the referenced data: rotating a Secret rolls the pods.
+	// hash of the referenced data: rotating a Secret rolls the pods. It is
+	// no plain hash of the values (the pod annotation is readable by anyone
+	// with view rights, who could test guesses against it offline): each
+	// value enters as an HMAC-SHA256 keyed with its Secret's UID, which
+	// only those who may read the Secret (and so the value) ever see.
+	// Stable across manager restarts; a change of another key of the
+	// Secret leaves it alone.
 	hash string
 }
 
@@ -79,9 +86,18 @@ func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.
 				fmt.Sprintf("Secret %q has no key %q (for %s)", s.Ref.Name, s.Ref.Key, s.Env)}
 		}
 		out.values[s.Env] = string(v)
-		_, _ = fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(v))
-		h.Write(v)
+		h.Write(secretValueMAC(sec.UID, s, v))
 	}
 	out.hash = hex.EncodeToString(h.Sum(nil)[:8])
 	return out, nil
+}
+
+// secretValueMAC is one referenced value's part of the rollout hash:
+// HMAC-SHA256 keyed with the Secret's UID over where the value goes and
+// the value.
+func secretValueMAC(uid types.UID, s secretEnv, value []byte) []byte {
+	mac := hmac.New(sha256.New, []byte(uid))
+	_, _ = fmt.Fprintf(mac, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(value))
+	mac.Write(value)
+	return mac.Sum(nil)
 }

@@ -347,9 +347,14 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 }
 
 // Drop removes every table of this inbox (deletionPolicy: Delete). The
-// schema is kept: it may hold the user's own tables. Idempotent.
+// schema is kept: it may hold the user's own tables. Idempotent. It refuses
+// (ErrNotOperatorInbox) unless the inbox's meta table marks the tables as
+// the operator's (ownInbox).
 func (s *Store) Drop(ctx context.Context) error {
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if own, err := s.ownInbox(ctx, tx); err != nil || !own {
+			return err
+		}
 		// Dropping the partitioned parent drops its partitions too.
 		return execAll(ctx, tx, []string{
 			"DROP TABLE IF EXISTS " + s.inbox,
