@@ -89,6 +89,21 @@ func renderRedriveJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedCon
 	}
 }
 
+// redriveFilter reads the reason and ids annotations; refused says why
+// they cannot be used (then nothing is redriven).
+func redriveFilter(idc *messagingv1alpha1.IdempotentConsumer) (reason string, ids []string, refused string) {
+	reason = idc.Annotations[messagingv1alpha1.AnnotationRedriveReason]
+	if reason != "" && !slices.Contains(redriveReasonClasses, reason) {
+		return "", nil, fmt.Sprintf("annotation %s: %q is not a reason class (one of %v); nothing was redriven",
+			messagingv1alpha1.AnnotationRedriveReason, reason, redriveReasonClasses)
+	}
+	ids, err := redriveIDs(idc.Annotations[messagingv1alpha1.AnnotationRedriveIDs])
+	if err != nil {
+		return "", nil, fmt.Sprintf("annotation %s: %v; nothing was redriven", messagingv1alpha1.AnnotationRedriveIDs, err)
+	}
+	return reason, ids, ""
+}
+
 // maxRedriveIDs bounds the ids annotation: each becomes an argument of the
 // Job's container.
 const maxRedriveIDs = 1000
@@ -186,19 +201,10 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 		// Nothing new, or a Job still runs: its end brings us back.
 		return nil
 	}
-	reason := idc.Annotations[messagingv1alpha1.AnnotationRedriveReason]
-	if reason != "" && !slices.Contains(redriveReasonClasses, reason) {
-		msg := fmt.Sprintf("annotation %s: %q is not a reason class (one of %v); nothing was redriven",
-			messagingv1alpha1.AnnotationRedriveReason, reason, redriveReasonClasses)
-		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: msg}
-		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
-		return nil
-	}
-	ids, err := redriveIDs(idc.Annotations[messagingv1alpha1.AnnotationRedriveIDs])
-	if err != nil {
-		msg := fmt.Sprintf("annotation %s: %v; nothing was redriven", messagingv1alpha1.AnnotationRedriveIDs, err)
-		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: msg}
-		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
+	reason, ids, refused := redriveFilter(idc)
+	if refused != "" {
+		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: refused}
+		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", refused)
 		return nil
 	}
 	job := renderRedriveJob(idc, rc, image, secrets.hash, token, reason, ids)

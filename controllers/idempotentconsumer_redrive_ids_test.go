@@ -42,3 +42,20 @@ func TestRedriveJobPassesReasonAndIDs(t *testing.T) {
 		t.Errorf("args %v, want %v", got, want)
 	}
 }
+
+func TestRedriveFilterNamesTheRefusedAnnotation(t *testing.T) {
+	idc := &messagingv1alpha1.IdempotentConsumer{}
+	idc.Annotations = map[string]string{messagingv1alpha1.AnnotationRedriveReason: "database", messagingv1alpha1.AnnotationRedriveIDs: `["a"]`}
+	if reason, ids, refused := redriveFilter(idc); reason != "database" || !slices.Equal(ids, []string{"a"}) || refused != "" {
+		t.Errorf("a good filter: %q %v %q", reason, ids, refused)
+	}
+	idc.Annotations[messagingv1alpha1.AnnotationRedriveReason] = "poison"
+	if _, _, refused := redriveFilter(idc); !strings.Contains(refused, messagingv1alpha1.AnnotationRedriveReason) {
+		t.Errorf("an unknown reason: %q", refused)
+	}
+	idc.Annotations[messagingv1alpha1.AnnotationRedriveReason] = ""
+	idc.Annotations[messagingv1alpha1.AnnotationRedriveIDs] = "a,b"
+	if _, _, refused := redriveFilter(idc); !strings.Contains(refused, messagingv1alpha1.AnnotationRedriveIDs) || !strings.Contains(refused, "nothing was redriven") {
+		t.Errorf("ids that are no JSON array: %q", refused)
+	}
+}
