@@ -14,6 +14,7 @@ import (
 	"time"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/test/localcluster"
 )
 
 // pluginResult is one run of the plugin binary.
@@ -201,6 +202,18 @@ func (s *suite) kubectlPlugin(ctx context.Context, t *testing.T) {
 	jobs, err := s.c.KubectlCmd(ctx, "-n", testNamespace, "get", "jobs", "-l", "app.kubernetes.io/component=deadletters", "-o", "name")
 	if err != nil || strings.TrimSpace(jobs) != "" {
 		t.Fatalf("listing Jobs left: %q %v", jobs, err)
+	}
+
+	// The image carries the same plugin (exec runs it directly: no shell).
+	inImage, err := s.c.KubectlCmd(ctx, "-n", localcluster.OperatorNamespace, "exec", "deployment/"+localcluster.ManagerDeployment, "--", "/kubectl-idc", "version", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ver struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal([]byte(inImage), &ver); err != nil || ver.Version != env.version {
+		t.Fatalf("/kubectl-idc version in the image: %q (%v), want %s", inImage, err, env.version)
 	}
 
 	// kubectl finds it as a plugin on the PATH, and runs it.
