@@ -256,3 +256,16 @@ func playController(t *testing.T, c client.Client, prev string, stop <-chan stru
 		return
 	}
 }
+
+func TestCompletionOffersTheResourcesAndReasons(t *testing.T) {
+	other := orders()
+	other.Name = "payments"
+	h := newHarness(orders(), other)
+	code, out, stderr := h.run(t, "__complete", "status", "")
+	if code != exitOK || !strings.Contains(out, "orders\n") || !strings.Contains(out, "payments\n") {
+		t.Errorf("completing NAME: exit %d, %q %q", code, out, stderr)
+	}
+	if _, out, _ := h.run(t, "__complete", "redrive", "orders", "--reason", ""); !strings.Contains(out, "invalid_json\n") {
+		t.Errorf("completing --reason: %q", out)
+	}
+}
