@@ -68,6 +68,12 @@ func run() error {
 		return nil
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	gcPercent, softLimit, err := memorySettings(os.Getenv, os.ReadFile)
+	if err != nil {
+		return err
+	}
+	// 0 means the environment's GOGC / GOMEMLIMIT, or no container limit.
+	ctrl.Log.WithName("setup").Info("Go collector", "gcPercentSet", gcPercent, "softMemoryLimitSet", softLimit)
 
 	if runtimeImage == "" {
 		return fmt.Errorf("no runtime image: set --runtime-image or RUNTIME_IMAGE")
