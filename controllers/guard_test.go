@@ -117,7 +117,7 @@ func TestInsecureSkipVerifyWarns(t *testing.T) {
 	close(rec.Events)
 	n := 0
 	for e := range rec.Events {
-		if strings.HasPrefix(e, "Warning "+messagingv1alpha1.ReasonInsecureSkipVerify) {
+		if strings.HasPrefix(e, "Warning "+eventInsecureSkipVerify) {
 			n++
 		}
 	}

@@ -133,6 +133,12 @@ func (a *appliedChildren) put(owner types.NamespacedName, child string, c applie
 	a.m[owner][child] = c
 }
 
+func (a *appliedChildren) forgetChild(owner types.NamespacedName, child string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.m[owner], child)
+}
+
 func (a *appliedChildren) forget(owner types.NamespacedName) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

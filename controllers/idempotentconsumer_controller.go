@@ -9,6 +9,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -58,6 +60,12 @@ type Options struct {
 	// HTTPDenyNetworks are the CIDRs the http effect never connects to,
 	// passed to the runtime in its config (DefaultHTTPDenyNetworks).
 	HTTPDenyNetworks []string
+	// NoPodDisruptionBudgets turns off the PodDisruptionBudget (maxUnavailable
+	// 1) each consumer with more than one replica gets.
+	NoPodDisruptionBudgets bool
+	// NetworkPolicies gives each consumer a NetworkPolicy that allows its
+	// pods egress to DNS and the endpoints the runtime dials only.
+	NetworkPolicies bool
 	// RetentionPeriod is how often the broker is read (window inputs,
 	// limits, lag) and the last prune run read back.
 	RetentionPeriod time.Duration
@@ -213,7 +221,8 @@ func (r *Reconciler) recheck() ctrl.Result {
 func CacheOptions(namespaces map[string]cache.Config) cache.Options {
 	mine := labels.SelectorFromSet(labels.Set{labelManagedBy: managedBy})
 	byObject := map[client.Object]cache.ByObject{}
-	for _, obj := range []client.Object{&corev1.ConfigMap{}, &appsv1.Deployment{}, &batchv1.CronJob{}, &batchv1.Job{}} {
+	for _, obj := range []client.Object{&corev1.ConfigMap{}, &appsv1.Deployment{}, &batchv1.CronJob{}, &batchv1.Job{},
+		&policyv1.PodDisruptionBudget{}, &networkingv1.NetworkPolicy{}} {
 		byObject[obj] = cache.ByObject{Label: mine, Transform: slimChild}
 	}
 	return cache.Options{DefaultNamespaces: namespaces, ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
@@ -269,6 +278,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&batchv1.CronJob{}, builder.WithPredicates(childChanged)).
 		Owns(&batchv1.Job{}, builder.WithPredicates(childChanged)).
 		Owns(&corev1.ConfigMap{}, builder.WithPredicates(childChanged)).
+		Owns(&policyv1.PodDisruptionBudget{}, builder.WithPredicates(childChanged)).
+		Owns(&networkingv1.NetworkPolicy{}, builder.WithPredicates(childChanged)).
 		// Only Secret metadata is cached: enough to map a change to its
 		// consumers; the data is read on demand.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.consumersOfSecret), builder.OnlyMetadata).

@@ -9,6 +9,10 @@ import (
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 )
 
+// eventInsecureSkipVerify is the Warning event of a spec that turns TLS
+// certificate verification off (a tls.insecureSkipVerify: true).
+const eventInsecureSkipVerify = "InsecureSkipVerify"
+
 // DefaultHTTPDenyNetworks is --http-deny-networks' default: link-local
 // (IPv4 and IPv6, which hold the cloud metadata services' 169.254.169.254)
 // and the metadata addresses outside it (AWS's IPv6 one, Alibaba Cloud's).
@@ -108,6 +112,6 @@ func (r *Reconciler) warnInsecureTLS(s *scope) {
 	s.obs.warning = fmt.Sprintf("warning: TLS certificate verification is off (%s): anyone on the path can read and change the traffic and the credentials; use caSecretRef instead",
 		strings.Join(fields, ", "))
 	if s.before.Status.ObservedGeneration != s.idc.Generation {
-		r.recorder.Eventf(s.idc, nil, corev1.EventTypeWarning, messagingv1alpha1.ReasonInsecureSkipVerify, "Render", "%s", s.obs.warning)
+		r.recorder.Eventf(s.idc, nil, corev1.EventTypeWarning, eventInsecureSkipVerify, "Render", "%s", s.obs.warning)
 	}
 }

@@ -14,13 +14,13 @@ func TestRuntimeResourcesDefaultOnlyWhatIsNotGiven(t *testing.T) {
 		in   corev1.ResourceRequirements
 		want corev1.ResourceList // requests
 	}{
-		{"nothing given", corev1.ResourceRequirements{}, corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceMemory: q("128Mi")}},
+		{"nothing given", corev1.ResourceRequirements{}, corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceMemory: q("128Mi"), corev1.ResourceEphemeralStorage: q("128Mi")}},
 		{"a cpu request keeps its value", corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: q("2")}},
-			corev1.ResourceList{corev1.ResourceCPU: q("2"), corev1.ResourceMemory: q("128Mi")}},
+			corev1.ResourceList{corev1.ResourceCPU: q("2"), corev1.ResourceMemory: q("128Mi"), corev1.ResourceEphemeralStorage: q("128Mi")}},
 		// Kubernetes copies a limit into a missing request; a default
 		// above the limit would make the pod invalid.
 		{"a memory limit alone sets no memory request", corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: q("64Mi")}},
-			corev1.ResourceList{corev1.ResourceCPU: q("100m")}},
+			corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceEphemeralStorage: q("128Mi")}},
 		{"other resources are kept", corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceEphemeralStorage: q("1Gi")}},
 			corev1.ResourceList{corev1.ResourceCPU: q("100m"), corev1.ResourceMemory: q("128Mi"), corev1.ResourceEphemeralStorage: q("1Gi")}},
 	}

@@ -119,6 +119,9 @@ func podSpec(idc *messagingv1alpha1.IdempotentConsumer, image string, rc *render
 var defaultRequests = corev1.ResourceList{
 	corev1.ResourceCPU:    resource.MustParse("100m"),
 	corev1.ResourceMemory: resource.MustParse("128Mi"),
+	// /tmp (tmpSizeLimit) and the container's logs: scheduled against the
+	// node's disk like cpu and memory, evicted first when it runs short.
+	corev1.ResourceEphemeralStorage: resource.MustParse("128Mi"),
 }
 
 // tmpSizeLimit bounds the /tmp scratch volume: the runtime writes little
@@ -207,6 +210,9 @@ func renderDeployment(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedCon
 	selector := labelsFor(idc, componentConsumer)
 	delete(selector, "app.kubernetes.io/managed-by")
 	spec := podSpec(idc, image, rc, container)
+	if len(spec.TopologySpreadConstraints) == 0 {
+		spec.TopologySpreadConstraints = defaultTopologySpread(idc)
+	}
 	// A graceful stop finishes the batch in flight before exiting.
 	spec.TerminationGracePeriodSeconds = ptr.To(int64(30))
 	return &appsv1.Deployment{

@@ -266,8 +266,8 @@ func (h *harness) markAvailable() {
 func TestSteadyStateWritesNothing(t *testing.T) {
 	h := newHarness(t, unitConsumer())
 	h.pass()
-	if _, applies := h.counts(); applies != 3 {
-		t.Errorf("%d applies to bring up the children, want 3 (ConfigMap, Deployment, CronJob, once each)", applies)
+	if _, applies := h.counts(); applies != 4 {
+		t.Errorf("%d applies to bring up the children, want 4 (ConfigMap, Deployment, CronJob, PodDisruptionBudget, once each)", applies)
 	}
 	h.markAvailable()
 	// The fake client keeps no generation, so the Deployment's status

@@ -78,6 +78,7 @@ func (r *Reconciler) phases() []phase {
 		{"broker", r.brokerPhase},
 		{"retention", r.retentionPhase},
 		{"children", r.childrenPhase},
+		{"workload", r.workloadPhase},
 		{"last-prune", r.lastPrunePhase},
 		{"outbox", r.outboxPhase},
 		{"id-conflicts", r.idConflictsPhase},

@@ -139,6 +139,9 @@ func fixtureScenarios() []fixtureScenario {
 		{name: "stalled-invalid-spec", obs: &observation{
 			stalled: failed(messagingv1alpha1.ReasonInvalidSpec, "spec.sink.effect.upsert.key: column \"order_id\" is not among the columns"),
 		}},
+		{name: "stalled-image-not-allowed", obs: &observation{
+			stalled: failed(messagingv1alpha1.ReasonImageNotAllowed, "spec.runtime.image \"registry.example/other:1.0\" is not an image this operator runs (allowed: idc-operator:0.2.0); remove spec.runtime.image, or have the operator's administrator add it to --allowed-runtime-images (Helm value allowedRuntimeImages). Nothing was deployed with it"),
+		}},
 		{name: "stalled-conflict", obs: &observation{
 			stalled: failed(messagingv1alpha1.ReasonConflict, "inbox table projections.inbox_orders_projector is already used by IdempotentConsumer default/orders-projector-old"),
 		}},

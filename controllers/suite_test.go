@@ -166,7 +166,7 @@ var _ = BeforeSuite(func() {
 	clk = testclock.NewFakeClock(time.Now())
 	sinkClient = sinkdb.New()
 	r := NewReconciler(mgr, Options{RuntimeImage: "idc-operator:test", RetentionPeriod: 5 * time.Minute, Clock: clk, Sink: recordingSink{sinkClient},
-		RecheckPeriod: recheckPeriod})
+		RecheckPeriod: recheckPeriod, NetworkPolicies: true})
 	Expect(r.SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()

@@ -72,9 +72,6 @@ const (
 	// the manager's --allowed-runtime-images does not list; nothing is
 	// deployed with it.
 	ReasonImageNotAllowed = "ImageNotAllowed"
-	// ReasonInsecureSkipVerify: the Warning event of a spec that turns off
-	// TLS certificate verification (a tls.insecureSkipVerify: true).
-	ReasonInsecureSkipVerify = "InsecureSkipVerify"
 
 	// EffectReady=False reasons (the sink is not ready for the effect).
 	ReasonTableNotFound      = "TableNotFound"

@@ -1,0 +1,253 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+)
+
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+
+// consumerSelector is the consumer pods' label selector (what the
+// Deployment selects, without the managed-by label).
+func consumerSelector(idc *messagingv1alpha1.IdempotentConsumer) map[string]string {
+	l := labelsFor(idc, componentConsumer)
+	delete(l, labelManagedBy)
+	return l
+}
+
+// defaultTopologySpread spreads the consumer replicas across nodes, softly
+// (ScheduleAnyway: a one-node cluster still runs them all), per rollout
+// revision. spec.runtime.topologySpreadConstraints replaces it.
+func defaultTopologySpread(idc *messagingv1alpha1.IdempotentConsumer) []corev1.TopologySpreadConstraint {
+	return []corev1.TopologySpreadConstraint{{
+		MaxSkew:           1,
+		TopologyKey:       corev1.LabelHostname,
+		WhenUnsatisfiable: corev1.ScheduleAnyway,
+		LabelSelector:     &metav1.LabelSelector{MatchLabels: consumerSelector(idc)},
+		MatchLabelKeys:    []string{appsv1DefaultDeploymentUniqueLabelKey},
+	}}
+}
+
+// appsv1DefaultDeploymentUniqueLabelKey is the label the Deployment
+// controller gives each ReplicaSet's pods.
+const appsv1DefaultDeploymentUniqueLabelKey = "pod-template-hash"
+
+// renderPodDisruptionBudget keeps all but one consumer replica up through
+// voluntary disruptions (node drains): a consumer with more than one
+// replica keeps consuming while a node is drained.
+func renderPodDisruptionBudget(idc *messagingv1alpha1.IdempotentConsumer) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "policy/v1", Kind: "PodDisruptionBudget"},
+		ObjectMeta: metav1.ObjectMeta{Name: deploymentName(idc), Namespace: idc.Namespace, Labels: labelsFor(idc, componentConsumer)},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			Selector:       &metav1.LabelSelector{MatchLabels: consumerSelector(idc)},
+		},
+	}
+}
+
+// workloadPhase applies the consumer's PodDisruptionBudget (with more than
+// one replica declared and not suspended; --pod-disruption-budgets) and its
+// NetworkPolicy (--network-policies), and deletes the ones no longer
+// wanted.
+func (r *Reconciler) workloadPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	idc := s.idc
+	pdb := renderPodDisruptionBudget(idc)
+	wantPDB := !r.opts.NoPodDisruptionBudgets && desiredReplicasDeclared(idc) > 1 && !idc.Spec.Suspend
+	np := renderNetworkPolicy(idc, s.rc, s.secrets.getenv)
+	for _, c := range []struct {
+		obj  client.Object
+		want bool
+	}{{pdb, wantPDB}, {np, r.opts.NetworkPolicies}} {
+		if err := r.applyOrRemove(ctx, s, c.obj, c.want); err != nil {
+			return ctrl.Result{}, err
+		}
+		if s.halted {
+			return ctrl.Result{}, nil
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// applyOrRemove applies obj when wanted, else deletes the live one when this
+// resource controls it.
+func (r *Reconciler) applyOrRemove(ctx context.Context, s *scope, obj client.Object, want bool) error {
+	if want {
+		if err := r.apply(ctx, s.idc, obj); err != nil {
+			return r.childConflict(s, err)
+		}
+		return nil
+	}
+	existing, err := r.readChild(ctx, obj)
+	if err != nil || existing == nil || !metav1.IsControlledBy(existing, s.idc) {
+		return err
+	}
+	if err := r.client.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
+	}
+	r.applied.forgetChild(client.ObjectKeyFromObject(s.idc), obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
+	return nil
+}
+
+// childConflict stalls the pass for a child another owner holds (Conflict)
+// and returns any other error.
+func (r *Reconciler) childConflict(s *scope, err error) error {
+	var ce *conflictError
+	if errors.As(err, &ce) {
+		s.stall(messagingv1alpha1.ReasonConflict, ce.Error())
+		return nil
+	}
+	return err
+}
+
+// endpoint is a host and port the runtime connects to.
+type endpoint struct {
+	host string
+	port int32
+}
+
+// egressEndpoints lists what the runtime dials: the sink database (from the
+// DSN), the source and emit brokers, the RabbitMQ management API and the
+// http effect's endpoint. Entries it cannot parse are left out (the
+// runtime reports those itself).
+func egressEndpoints(cfg *config.Config, getenv func(string) string) []endpoint {
+	var out []endpoint
+	add := func(host string, port int) {
+		if host != "" && port > 0 && port < 65536 {
+			out = append(out, endpoint{host: host, port: int32(port)})
+		}
+	}
+	hostPort := func(hp string, defPort int) {
+		host, p, err := net.SplitHostPort(hp)
+		if err != nil {
+			host, p = hp, ""
+		}
+		port := defPort
+		if p != "" {
+			port, _ = strconv.Atoi(p)
+		}
+		add(host, port)
+	}
+	fromURL := func(raw string, ports map[string]int) {
+		for _, one := range strings.Split(raw, ",") {
+			u, err := url.Parse(strings.TrimSpace(one))
+			if err != nil || u.Host == "" {
+				continue
+			}
+			hostPort(u.Host, ports[u.Scheme])
+		}
+	}
+	if pc, err := pgx.ParseConfig(getenv(cfg.Sink.DSNEnv)); err == nil {
+		add(pc.Host, int(pc.Port))
+		for _, f := range pc.Fallbacks {
+			add(f.Host, int(f.Port))
+		}
+	}
+	natsPorts := map[string]int{"nats": 4222, "tls": 4222, "": 4222}
+	amqpPorts := map[string]int{"amqp": 5672, "amqps": 5671}
+	httpPorts := map[string]int{"http": 80, "https": 443}
+	src := cfg.Source
+	switch {
+	case src.NATSJetStream != nil:
+		fromURL(src.NATSJetStream.URL, natsPorts)
+	case src.Kafka != nil:
+		for _, b := range src.Kafka.BootstrapServers {
+			hostPort(b, 9092)
+		}
+	case src.RabbitMQ != nil:
+		fromURL(getenv(src.RabbitMQ.URIEnv), amqpPorts)
+		if src.RabbitMQ.ManagementURL != "" {
+			fromURL(src.RabbitMQ.ManagementURL, httpPorts)
+		} else if u, err := url.Parse(getenv(src.RabbitMQ.URIEnv)); err == nil && u.Hostname() != "" {
+			mgmt := 15672
+			if u.Scheme == "amqps" {
+				mgmt = 15671
+			}
+			add(u.Hostname(), mgmt)
+		}
+	case src.RedisStreams != nil:
+		hostPort(src.RedisStreams.Address, 6379)
+	}
+	if e := cfg.Emit; e != nil {
+		switch {
+		case e.NATSJetStream != nil:
+			fromURL(e.NATSJetStream.URL, natsPorts)
+		case e.Kafka != nil:
+			for _, b := range e.Kafka.BootstrapServers {
+				hostPort(b, 9092)
+			}
+		case e.RabbitMQ != nil:
+			fromURL(getenv(e.RabbitMQ.URIEnv), amqpPorts)
+		case e.RedisStreams != nil:
+			hostPort(e.RedisStreams.Address, 6379)
+		}
+	}
+	if h := cfg.Sink.Effect.HTTP; h != nil {
+		fromURL(h.URL, httpPorts)
+	}
+	return out
+}
+
+// renderNetworkPolicy limits the consumer pods' egress to DNS and the
+// endpoints the runtime dials. A host given as an IP address is allowed on
+// its port alone (a /32 or /128); a host name can only be allowed by port
+// (NetworkPolicy has no DNS names), to any address. Ingress is left alone
+// (the metrics port is scraped).
+func renderNetworkPolicy(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, getenv func(string) string) *networkingv1.NetworkPolicy {
+	np := &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: deploymentName(idc), Namespace: idc.Namespace, Labels: labelsFor(idc, componentConsumer)},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{
+				"app.kubernetes.io/name": "idc-runtime", "app.kubernetes.io/instance": idc.Name,
+			}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+		},
+	}
+	udp, tcp := corev1.ProtocolUDP, corev1.ProtocolTCP
+	dns := intstr.FromInt32(53)
+	rules := []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &dns}, {Protocol: &tcp, Port: &dns}}}}
+	if rc == nil {
+		np.Spec.Egress = rules
+		return np
+	}
+	seen := map[string]bool{}
+	eps := egressEndpoints(rc.Config, getenv)
+	sort.Slice(eps, func(i, j int) bool { return eps[i].host+fmt.Sprint(eps[i].port) < eps[j].host+fmt.Sprint(eps[j].port) })
+	for _, ep := range eps {
+		key := fmt.Sprintf("%s:%d", ep.host, ep.port)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		port := intstr.FromInt32(ep.port)
+		rule := networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}}
+		if ip, err := netip.ParseAddr(strings.Trim(ep.host, "[]")); err == nil {
+			rule.To = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(ip, ip.BitLen()).String()}}}
+		}
+		rules = append(rules, rule)
+	}
+	np.Spec.Egress = rules
+	return np
+}
