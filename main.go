@@ -39,6 +39,7 @@ func run() error {
 		metricsAddr, probeAddr, watchNamespaces, runtimeImage string
 		pprofAddr, allowedImages, httpDeny                    string
 		leaderElect, secureMetrics, enableHTTP2               bool
+		podDisruptionBudgets, networkPolicies                 bool
 		retentionPeriod, dropTimeout, recheckPeriod           time.Duration
 		maxConcurrent, apiBurst                               int
 		apiQPS                                                float64
@@ -53,6 +54,8 @@ func run() error {
 	flag.StringVar(&runtimeImage, "runtime-image", os.Getenv("RUNTIME_IMAGE"), "Default runtime image (env RUNTIME_IMAGE).")
 	flag.StringVar(&allowedImages, "allowed-runtime-images", "", "Comma-separated images spec.runtime.image may name (an entry ending in * allows every image it prefixes); empty allows the runtime image alone. Any other image stalls the resource with ImageNotAllowed.")
 	flag.StringVar(&httpDeny, "http-deny-networks", strings.Join(controllers.DefaultHTTPDenyNetworks, ","), "Comma-separated CIDRs the http effect never connects to (checked on the dialled address, after DNS); empty denies none.")
+	flag.BoolVar(&podDisruptionBudgets, "pod-disruption-budgets", true, "Give each consumer with more than one replica a PodDisruptionBudget (maxUnavailable 1).")
+	flag.BoolVar(&networkPolicies, "network-policies", false, "Give each consumer a NetworkPolicy allowing its pods egress to DNS and the endpoints the runtime dials only (its database, brokers, http endpoint).")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
 	flag.DurationVar(&recheckPeriod, "recheck-period", controllers.DefaultRecheckPeriod, "How often a resource whose sink, inbox or broker is not ready is checked again (a fixed period, at most 30s; never a growing backoff).")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
@@ -132,6 +135,9 @@ func run() error {
 
 		AllowedRuntimeImages: splitList(allowedImages),
 		HTTPDenyNetworks:     splitList(httpDeny),
+
+		NoPodDisruptionBudgets: !podDisruptionBudgets,
+		NetworkPolicies:        networkPolicies,
 	})
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the controller: %w", err)
