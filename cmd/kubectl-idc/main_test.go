@@ -53,6 +53,7 @@ func orders() *v1alpha1.IdempotentConsumer {
 	}
 	idc.Spec.Retention.MaxConsumerOutage = "20m"
 	idc.Spec.Retention.SafetyMargin = "1h"
+	idc.Spec.Emit = &v1alpha1.EmitSpec{}
 	return idc
 }
 
@@ -141,6 +142,12 @@ func TestStatusOnOneScreen(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
+	}
+	noEmit := orders()
+	noEmit.Spec.Emit, noEmit.Status.Outbox = nil, nil
+	var plain strings.Builder
+	if err := renderStatus(&plain, buildStatus(noEmit, nil), testNow); err != nil || !strings.Contains(plain.String(), "Outbox:       not used (no spec.emit") {
+		t.Errorf("without spec.emit: %v\n%s", err, plain.String())
 	}
 	if n := strings.Count(out, "\n"); n > 40 {
 		t.Errorf("status takes %d lines, more than one screen:\n%s", n, out)

@@ -42,8 +42,10 @@ type statusReport struct {
 	LastPrune          *v1alpha1.PruneRunStatus   `json:"lastPrune,omitempty"`
 	LastRedrive        *v1alpha1.RedriveRunStatus `json:"lastRedrive,omitempty"`
 	Outbox             *v1alpha1.OutboxStatus     `json:"outbox,omitempty"`
-	Runtime            *v1alpha1.RuntimeStatus    `json:"runtime,omitempty"`
-	Pods               []podSummary               `json:"pods"`
+	// UsesOutbox: spec.emit, or an http effect delivered through the outbox.
+	UsesOutbox bool                    `json:"usesOutbox"`
+	Runtime    *v1alpha1.RuntimeStatus `json:"runtime,omitempty"`
+	Pods       []podSummary            `json:"pods"`
 }
 
 func (a *app) statusCommand() *cobra.Command {
@@ -92,7 +94,7 @@ func buildStatus(idc *v1alpha1.IdempotentConsumer, pods []corev1.Pod) statusRepo
 		Source: st.Source, Guarantee: string(st.Guarantee), Suspended: idc.Spec.Suspend,
 		Conditions: st.Conditions, Window: explainWindow(idc), Lag: st.Lag, Inbox: st.Inbox,
 		LastPrune: st.LastPrune, LastRedrive: st.LastRedrive, Outbox: st.Outbox, Runtime: st.Runtime,
-		Pods: []podSummary{},
+		Pods: []podSummary{}, UsesOutbox: usesOutbox(idc),
 	}
 	if rep.Conditions == nil {
 		rep.Conditions = []metav1.Condition{}
@@ -142,7 +144,7 @@ func renderStatus(w io.Writer, rep statusReport, now time.Time) error {
 	p.f("Lag:          %s\n", lagText(rep.Lag))
 	p.f("Last prune:   %s\n", pruneText(rep.LastPrune, now))
 	p.f("Last redrive: %s\n", redriveText(rep.LastRedrive, now))
-	p.f("Outbox:       %s\n", outboxText(rep.Outbox))
+	p.f("Outbox:       %s\n", outboxText(rep.Outbox, rep.UsesOutbox))
 
 	p.f("\nConditions:\n")
 	tw := p.table()
@@ -217,9 +219,17 @@ func redriveCounts(lr *v1alpha1.RedriveRunStatus) string {
 		lr.Selected, lr.Applied, lr.Duplicates, lr.Stale, lr.StillFailing, lr.Unusable, lr.Requeued)
 }
 
-func outboxText(o *v1alpha1.OutboxStatus) string {
-	if o == nil {
-		return "not used (no spec.emit), or not read yet"
+func usesOutbox(idc *v1alpha1.IdempotentConsumer) bool {
+	h := idc.Spec.Sink.Effect.HTTP
+	return idc.Spec.Emit != nil || (h != nil && h.Delivery == v1alpha1.HTTPDeliveryOutbox)
+}
+
+func outboxText(o *v1alpha1.OutboxStatus, used bool) string {
+	switch {
+	case !used:
+		return "not used (no spec.emit, no http delivery: Outbox)"
+	case o == nil:
+		return "not read yet"
 	}
 	return fmt.Sprintf("%d pending, oldest %s", o.Pending, o.OldestAge.Duration)
 }

@@ -40,7 +40,7 @@ type suite struct {
 // TestRealNode runs the steps in order; a failed step stops the rest, since
 // each builds on the one before.
 func TestRealNode(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 22*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 26*time.Minute)
 	defer cancel()
 	c, err := localcluster.Connect(env.kubeconfig, env.kubectl)
 	if err != nil {
@@ -57,6 +57,7 @@ func TestRealNode(t *testing.T) {
 		{"install", s.install},
 		{"restricted-namespace", s.restrictedNamespace},
 		{"metrics-authn-authz", s.metricsAuth},
+		{"shipped-alerts-page-for-a-revoked-grant", s.shippedAlertsPage},
 		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
 		{"kubectl-idc-plugin", s.kubectlPlugin},
 		{"every-broker-goes-ready", s.everyBroker},
