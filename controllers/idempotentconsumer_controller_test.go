@@ -541,6 +541,11 @@ var _ = Describe("failures", func() {
 		owner := "default/" + name
 		Eventually(func() int { return len(ensures.of(owner)) }, 20*recheckPeriod, interval).Should(BeNumerically(">=", 13))
 		at := ensures.of(owner)
+		gaps := make([]string, 0, len(at))
+		for i := 1; i < len(at); i++ {
+			gaps = append(gaps, at[i].Sub(at[i-1]).Round(10*time.Millisecond).String())
+		}
+		GinkgoWriter.Printf("passes of a resource whose inbox cannot be provisioned came %s apart (re-check period %s)\n", strings.Join(gaps, " "), recheckPeriod)
 		for i := 10; i < len(at); i++ {
 			gap := at[i].Sub(at[i-1])
 			Expect(gap).To(And(BeNumerically(">=", recheckPeriod*8/10), BeNumerically("<=", recheckPeriod+time.Second)),
