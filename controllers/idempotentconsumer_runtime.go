@@ -124,6 +124,10 @@ var defaultRequests = corev1.ResourceList{
 	corev1.ResourceEphemeralStorage: resource.MustParse("128Mi"),
 }
 
+// ephemeralStorageLimit is the runtime container's ephemeral-storage limit
+// when spec.runtime.resources names neither a request nor a limit for it.
+var ephemeralStorageLimit = resource.MustParse("1Gi")
+
 // tmpSizeLimit bounds the /tmp scratch volume: the runtime writes little
 // there, and a runaway write must evict the pod, not fill the node's disk.
 var tmpSizeLimit = resource.MustParse("64Mi")
@@ -145,6 +149,15 @@ func runtimeResources(in corev1.ResourceRequirements) corev1.ResourceRequirement
 			out.Requests = corev1.ResourceList{}
 		}
 		out.Requests[name] = q.DeepCopy()
+	}
+	// Ephemeral storage gets a limit too when the spec names none: a pod
+	// that fills the node's disk is evicted, not the node's other pods.
+	_, req := in.Requests[corev1.ResourceEphemeralStorage]
+	if _, lim := in.Limits[corev1.ResourceEphemeralStorage]; !req && !lim {
+		if out.Limits == nil {
+			out.Limits = corev1.ResourceList{}
+		}
+		out.Limits[corev1.ResourceEphemeralStorage] = ephemeralStorageLimit.DeepCopy()
 	}
 	return out
 }

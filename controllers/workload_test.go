@@ -87,8 +87,10 @@ func TestDefaultSpreadAndEphemeralStorage(t *testing.T) {
 	if !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
 		t.Fatalf("the spread's selector does not select the consumer pods")
 	}
-	if _, ok := d.Spec.Template.Spec.Containers[0].Resources.Requests[corev1.ResourceEphemeralStorage]; !ok {
-		t.Fatalf("requests %v: no ephemeral-storage", d.Spec.Template.Spec.Containers[0].Resources.Requests)
+	res := d.Spec.Template.Spec.Containers[0].Resources
+	req, lim := res.Requests[corev1.ResourceEphemeralStorage], res.Limits[corev1.ResourceEphemeralStorage]
+	if req.IsZero() || lim.IsZero() || req.Cmp(lim) > 0 {
+		t.Fatalf("resources %v: want an ephemeral-storage request below its limit", res)
 	}
 	mine := []corev1.TopologySpreadConstraint{{MaxSkew: 2, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.DoNotSchedule,
 		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
