@@ -32,7 +32,11 @@ func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result,
 		// with a smaller window, that one still waits out the stored one.
 		msg := fmt.Sprintf("the broker can replay without bound (%s); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile", derived.DerivedFrom)
 		s.obs.retention = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
-		s.obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+		// A sink a person must fix stalled the pass first and is what
+		// Stalled names; RetentionResolved still says this one.
+		if !s.obs.stalled.reached {
+			s.obs.stalled = failed(messagingv1alpha1.ReasonUnboundedReplay, msg)
+		}
 		st := retentionStatus(derived, s.reading.at)
 		st.Window = ""
 		s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, st)

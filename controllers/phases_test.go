@@ -645,3 +645,26 @@ func TestSinkFaultsAreRecheckedAndStallOnlyForAPerson(t *testing.T) {
 		})
 	}
 }
+
+// Stalled names the first thing a person must fix, in phase order: a sink
+// that cannot take the effect before a broker that replays without bound.
+func TestStalledNamesTheFirstFaultInPhaseOrder(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.sink.effectErr = &sinkdb.EffectProblem{Reason: messagingv1alpha1.ReasonNoUniqueKey, Message: "run CREATE UNIQUE INDEX"}
+	h.broker.err = retention.ErrUnboundedReplay
+	idc, _ := h.pass()
+	for typ, want := range map[string]string{
+		messagingv1alpha1.ConditionStalled:           "True/NoUniqueKey",
+		messagingv1alpha1.ConditionRetentionResolved: "False/UnboundedReplay",
+	} {
+		if got := conditionOf(idc, typ); got != want {
+			t.Errorf("%s = %s, want %s", typ, got, want)
+		}
+	}
+	h.sink.effectErr = nil
+	h.clk.Step(fakePeriod)
+	idc, _ = h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionStalled); got != "True/UnboundedReplay" {
+		t.Errorf("once the sink is fixed Stalled = %s, want True/UnboundedReplay", got)
+	}
+}
