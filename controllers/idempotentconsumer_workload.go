@@ -127,86 +127,115 @@ type endpoint struct {
 	port int32
 }
 
+// endpoints collects host:port pairs, parsing the forms the specs use.
+type endpoints []endpoint
+
+func (e *endpoints) add(host string, port int) {
+	// A Unix socket (a host that is a path) is no network endpoint.
+	if host == "" || strings.HasPrefix(host, "/") || port <= 0 || port >= 65536 {
+		return
+	}
+	ep := endpoint{host: host, port: int32(port)}
+	for _, have := range *e {
+		if have == ep {
+			return
+		}
+	}
+	*e = append(*e, ep)
+}
+
+// hostPort adds "host:port", or "host" on defPort.
+func (e *endpoints) hostPort(hp string, defPort int) {
+	host, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		host, p = hp, ""
+	}
+	port := defPort
+	if p != "" {
+		port, _ = strconv.Atoi(p)
+	}
+	e.add(host, port)
+}
+
+// fromURL adds each of comma-separated URLs, on its scheme's default port
+// when it names none.
+func (e *endpoints) fromURL(raw string, ports map[string]int) {
+	for _, one := range strings.Split(raw, ",") {
+		u, err := url.Parse(strings.TrimSpace(one))
+		if err != nil || u.Host == "" {
+			continue
+		}
+		e.hostPort(u.Host, ports[u.Scheme])
+	}
+}
+
+var (
+	natsPorts = map[string]int{"nats": 4222, "tls": 4222, "": 4222}
+	amqpPorts = map[string]int{"amqp": 5672, "amqps": 5671}
+	httpPorts = map[string]int{"http": 80, "https": 443}
+)
+
 // egressEndpoints lists what the runtime dials: the sink database (from the
 // DSN), the source and emit brokers, the RabbitMQ management API and the
 // http effect's endpoint. Entries it cannot parse are left out (the
 // runtime reports those itself).
 func egressEndpoints(cfg *config.Config, getenv func(string) string) []endpoint {
-	var out []endpoint
-	add := func(host string, port int) {
-		if host != "" && port > 0 && port < 65536 {
-			out = append(out, endpoint{host: host, port: int32(port)})
-		}
-	}
-	hostPort := func(hp string, defPort int) {
-		host, p, err := net.SplitHostPort(hp)
-		if err != nil {
-			host, p = hp, ""
-		}
-		port := defPort
-		if p != "" {
-			port, _ = strconv.Atoi(p)
-		}
-		add(host, port)
-	}
-	fromURL := func(raw string, ports map[string]int) {
-		for _, one := range strings.Split(raw, ",") {
-			u, err := url.Parse(strings.TrimSpace(one))
-			if err != nil || u.Host == "" {
-				continue
-			}
-			hostPort(u.Host, ports[u.Scheme])
-		}
-	}
+	var out endpoints
+	// pgx's default host for an empty DSN is a Unix socket: none then.
 	if pc, err := pgx.ParseConfig(getenv(cfg.Sink.DSNEnv)); err == nil {
-		add(pc.Host, int(pc.Port))
+		out.add(pc.Host, int(pc.Port))
 		for _, f := range pc.Fallbacks {
-			add(f.Host, int(f.Port))
+			out.add(f.Host, int(f.Port))
 		}
 	}
-	natsPorts := map[string]int{"nats": 4222, "tls": 4222, "": 4222}
-	amqpPorts := map[string]int{"amqp": 5672, "amqps": 5671}
-	httpPorts := map[string]int{"http": 80, "https": 443}
-	src := cfg.Source
+	out.source(cfg.Source, getenv)
+	if e := cfg.Emit; e != nil {
+		out.emit(e, getenv)
+	}
+	if h := cfg.Sink.Effect.HTTP; h != nil {
+		out.fromURL(h.URL, httpPorts)
+	}
+	return out
+}
+
+func (e *endpoints) source(src config.Source, getenv func(string) string) {
 	switch {
 	case src.NATSJetStream != nil:
-		fromURL(src.NATSJetStream.URL, natsPorts)
+		e.fromURL(src.NATSJetStream.URL, natsPorts)
 	case src.Kafka != nil:
 		for _, b := range src.Kafka.BootstrapServers {
-			hostPort(b, 9092)
+			e.hostPort(b, 9092)
 		}
 	case src.RabbitMQ != nil:
-		fromURL(getenv(src.RabbitMQ.URIEnv), amqpPorts)
+		uri := getenv(src.RabbitMQ.URIEnv)
+		e.fromURL(uri, amqpPorts)
 		if src.RabbitMQ.ManagementURL != "" {
-			fromURL(src.RabbitMQ.ManagementURL, httpPorts)
-		} else if u, err := url.Parse(getenv(src.RabbitMQ.URIEnv)); err == nil && u.Hostname() != "" {
-			mgmt := 15672
+			e.fromURL(src.RabbitMQ.ManagementURL, httpPorts)
+		} else if u, err := url.Parse(uri); err == nil && u.Hostname() != "" {
+			mgmt := 15672 // the management plugin's port the runtime derives
 			if u.Scheme == "amqps" {
 				mgmt = 15671
 			}
-			add(u.Hostname(), mgmt)
+			e.add(u.Hostname(), mgmt)
 		}
 	case src.RedisStreams != nil:
-		hostPort(src.RedisStreams.Address, 6379)
+		e.hostPort(src.RedisStreams.Address, 6379)
 	}
-	if e := cfg.Emit; e != nil {
-		switch {
-		case e.NATSJetStream != nil:
-			fromURL(e.NATSJetStream.URL, natsPorts)
-		case e.Kafka != nil:
-			for _, b := range e.Kafka.BootstrapServers {
-				hostPort(b, 9092)
-			}
-		case e.RabbitMQ != nil:
-			fromURL(getenv(e.RabbitMQ.URIEnv), amqpPorts)
-		case e.RedisStreams != nil:
-			hostPort(e.RedisStreams.Address, 6379)
+}
+
+func (e *endpoints) emit(em *config.Emit, getenv func(string) string) {
+	switch {
+	case em.NATSJetStream != nil:
+		e.fromURL(em.NATSJetStream.URL, natsPorts)
+	case em.Kafka != nil:
+		for _, b := range em.Kafka.BootstrapServers {
+			e.hostPort(b, 9092)
 		}
+	case em.RabbitMQ != nil:
+		e.fromURL(getenv(em.RabbitMQ.URIEnv), amqpPorts)
+	case em.RedisStreams != nil:
+		e.hostPort(em.RedisStreams.Address, 6379)
 	}
-	if h := cfg.Sink.Effect.HTTP; h != nil {
-		fromURL(h.URL, httpPorts)
-	}
-	return out
 }
 
 // renderNetworkPolicy limits the consumer pods' egress to DNS and the
@@ -232,15 +261,9 @@ func renderNetworkPolicy(idc *messagingv1alpha1.IdempotentConsumer, rc *rendered
 		np.Spec.Egress = rules
 		return np
 	}
-	seen := map[string]bool{}
 	eps := egressEndpoints(rc.Config, getenv)
 	sort.Slice(eps, func(i, j int) bool { return eps[i].host+fmt.Sprint(eps[i].port) < eps[j].host+fmt.Sprint(eps[j].port) })
 	for _, ep := range eps {
-		key := fmt.Sprintf("%s:%d", ep.host, ep.port)
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
 		port := intstr.FromInt32(ep.port)
 		rule := networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}}
 		if ip, err := netip.ParseAddr(strings.Trim(ep.host, "[]")); err == nil {

@@ -582,17 +582,21 @@ func (c *Config) validateEffect(bad func(string, string, ...any), ident func(str
 		if !strings.HasPrefix(h.URL, "http://") && !strings.HasPrefix(h.URL, "https://") {
 			bad("sink.effect.http.url", "must start with http:// or https://")
 		}
-		for i, n := range h.DenyNetworks {
-			if _, err := netip.ParsePrefix(n); err != nil {
-				bad(fmt.Sprintf("sink.effect.http.denyNetworks[%d]", i), "%q is not a CIDR (e.g. 169.254.0.0/16)", n)
-			}
-		}
+		validateDenyNetworks(h.DenyNetworks, bad)
 		if h.Delivery != "" && h.Delivery != HTTPInline && h.Delivery != HTTPOutbox {
 			bad("sink.effect.http.delivery", "must be Inline or Outbox, got %q", h.Delivery)
 		}
 	}
 	if n != 1 {
 		bad("sink.effect", "exactly one of upsert, append, sql, http must be set (got %d)", n)
+	}
+}
+
+func validateDenyNetworks(nets []string, bad func(string, string, ...any)) {
+	for i, n := range nets {
+		if _, err := netip.ParsePrefix(n); err != nil {
+			bad(fmt.Sprintf("sink.effect.http.denyNetworks[%d]", i), "%q is not a CIDR (e.g. 169.254.0.0/16)", n)
+		}
 	}
 }
 
