@@ -292,7 +292,8 @@ func requestCounts(ctx context.Context, cs *kubernetes.Clientset) (map[string]fl
 	if err != nil {
 		return nil, fmt.Errorf("while reading the kube-apiserver metrics: %w", err)
 	}
-	interesting := map[string]bool{"idempotentconsumers": true, "deployments": true, "cronjobs": true, "configmaps": true, "secrets": true, "events": true, "jobs": true}
+	interesting := map[string]bool{"idempotentconsumers": true, "deployments": true, "cronjobs": true, "configmaps": true, "secrets": true, "events": true, "jobs": true,
+		"poddisruptionbudgets": true, "networkpolicies": true}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)

@@ -340,7 +340,7 @@ func steadyState(ctx context.Context, b *testing.B, s settings, mgr *managerProc
 			statusWrites += d
 		case res == "deployments/status":
 			// The benchmark's own Deployment player.
-		case res == "configmaps" || res == "deployments" || res == "cronjobs" || res == "jobs":
+		case res == "configmaps" || res == "deployments" || res == "cronjobs" || res == "jobs" || res == "poddisruptionbudgets" || res == "networkpolicies":
 			childWrites += d
 		}
 	}
