@@ -99,9 +99,13 @@ func (r *Reconciler) applyOrRemove(ctx context.Context, s *scope, obj client.Obj
 		}
 		return nil
 	}
-	existing, err := r.readChild(ctx, obj)
-	if err != nil || existing == nil || !metav1.IsControlledBy(existing, s.idc) {
-		return err
+	// Only the cache is asked: a child this resource made carries the
+	// managed-by label the cache selects on, so one the cache lacks is not
+	// ours to delete, and a pass reads nothing from the API server for a
+	// child it does not want (a GET per pass and resource otherwise).
+	existing := obj.DeepCopyObject().(client.Object)
+	if err := r.client.Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil || !metav1.IsControlledBy(existing, s.idc) {
+		return client.IgnoreNotFound(err)
 	}
 	if err := r.client.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
