@@ -18,7 +18,7 @@
 #
 # Everything lives under $IDC_NODE_DIR (default bin/node). Needs root.
 # The node's facts (why a private containerd, cgroup v1, the guard, ...) are in
-# the README's "Try it on a real node here" section.
+# docs/development.md, "Try it on a real node here".
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 N=${IDC_NODE_DIR:-$root/bin/node}

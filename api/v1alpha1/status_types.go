@@ -54,7 +54,7 @@ const (
 	// ReasonPruneHeldBack (PruneScheduled and Ready, both True): the last
 	// prune run kept ids its window would have deleted, because a replica
 	// stopped with claims the broker may still redeliver; it lasts until
-	// the broker shows them settled (README, "The retention window").
+	// the broker shows them settled (docs/design.md, "The retention window").
 	ReasonPruneHeldBack     = "PruneHeldBack"
 	ReasonBrokerValues      = "Broker"
 	ReasonExplicit          = "Explicit"

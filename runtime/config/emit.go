@@ -18,7 +18,7 @@ type Emit struct {
 	// (on Redis as entry fields) besides Idc-Event-Id.
 	Headers map[string]string `json:"headers,omitempty"`
 	// When is Always (every new message) or Changed (only messages whose
-	// effect changed state; see the README's Pipelines section).
+	// effect changed state; see docs/operate.md, Pipelines).
 	When string `json:"when,omitempty"`
 }
 

@@ -150,3 +150,24 @@ func rel(p string) string {
 	}
 	return r
 }
+
+// maxREADMELines keeps the README a front door: what it is, the two
+// commands, a first resource, the guarantees, the picture, and links into
+// docs/. Everything else lives in docs/.
+const maxREADMELines = 250
+
+func TestREADMEIsAFrontDoor(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := strings.Count(string(b), "\n")
+	if n > maxREADMELines {
+		t.Fatalf("README.md has %d lines, more than %d: move the detail into docs/ and link to it", n, maxREADMELines)
+	}
+	for _, want := range []string{"## The two commands", "## A first resource", "## What it guarantees", "## Architecture", "## Documentation"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("README.md lacks the section %q", want)
+		}
+	}
+}

@@ -12,7 +12,7 @@ import (
 )
 
 const (
-	readme      = "../../README.md"
+	readme      = "../../docs/install.md"
 	tableBegin  = "<!-- helm-values:begin (generated from charts/idc-operator/values.schema.json by test/helmchart) -->"
 	tableEnd    = "<!-- helm-values:end -->"
 	regenREADME = "regenerate: IDC_UPDATE_README=1 go test ./test/helmchart -run TestValuesTable"
@@ -108,7 +108,7 @@ func TestValuesTableInREADME(t *testing.T) {
 	doc := string(raw)
 	begin, end := strings.Index(doc, tableBegin), strings.Index(doc, tableEnd)
 	if begin < 0 || end < begin {
-		t.Fatalf("README.md has no %q ... %q block", tableBegin, tableEnd)
+		t.Fatalf("docs/install.md has no %q ... %q block", tableBegin, tableEnd)
 	}
 	want := valuesTable(t)
 	got := strings.TrimSpace(doc[begin+len(tableBegin) : end])
@@ -122,5 +122,5 @@ func TestValuesTableInREADME(t *testing.T) {
 		}
 		return
 	}
-	t.Errorf("the README's values table is not the one values.schema.json gives (%s):\n%s", regenREADME, firstDiff(want, got))
+	t.Errorf("docs/install.md's values table is not the one values.schema.json gives (%s):\n%s", regenREADME, firstDiff(want, got))
 }
