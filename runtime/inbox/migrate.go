@@ -53,8 +53,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // inboxState is what the catalog and the meta table say of an inbox.
 type inboxState struct {
-	version                 int    // 0: not migrated
-	layout                  string // as recorded
+	version                int    // 0: not migrated
+	layout                 string // as recorded
 	hasOutbox, hasRedrives bool
 }
 
