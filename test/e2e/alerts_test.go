@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,18 +108,31 @@ spec:
 	health.expect(ctx, t, s, idc, "Degraded", "Failed")
 
 	// The alert goes pending, then fires within its for: plus one
-	// evaluation (and a scrape: the condition must reach Prometheus first).
-	alert := prom.waitAlert(ctx, t, "IdcSinkMisconfigured", name, "firing", sinkAlertFor+2*time.Minute)
-	firedAfter := alert.seenAt.Sub(alert.ActiveAt)
-	t.Logf("IdcSinkMisconfigured{reason=%s} pending at %s (%s after the REVOKE), firing %s later (for: %s, evaluation every %s)",
-		alert.Labels["reason"], alert.ActiveAt.Format(time.RFC3339), alert.ActiveAt.Sub(revoked).Round(100*time.Millisecond),
-		firedAfter.Round(100*time.Millisecond), sinkAlertFor, promInterval)
+	// evaluation. Judged on Prometheus's own evaluations (the ALERTS
+	// samples each one writes, and the iterations it missed): a host too
+	// busy to evaluate on time (2 cores shared by several engineers) delays
+	// the evaluations, not the rule's verdict.
+	alert := prom.waitAlert(ctx, t, "IdcSinkMisconfigured", name, "firing", sinkAlertFor+4*time.Minute)
 	if alert.Labels["reason"] != messagingv1alpha1.ReasonPermissionDenied {
 		t.Fatalf("alert reason %q, want PermissionDenied", alert.Labels["reason"])
 	}
-	// seenAt is when this test's poll (every 500 ms) first saw it firing.
-	if limit := sinkAlertFor + promInterval + time.Second; firedAfter > limit {
-		t.Fatalf("fired %s after going pending; want within for: + one evaluation (%s)", firedAfter, limit)
+	// Samples carry the evaluation's time in milliseconds; activeAt is the
+	// same time with nanoseconds.
+	alert.ActiveAt = alert.ActiveAt.Truncate(time.Millisecond)
+	lastPending, firstFiring := prom.alertEvaluations(ctx, t, "IdcSinkMisconfigured", name, alert.ActiveAt)
+	missed := prom.missedEvaluations(ctx, t)
+	t.Logf("IdcSinkMisconfigured{reason=%s} pending at %s (%s after the REVOKE); last pending evaluation +%s, first firing evaluation +%s (for: %s, evaluation every %s, %g evaluations missed); seen firing +%s",
+		alert.Labels["reason"], alert.ActiveAt.Format(time.RFC3339), alert.ActiveAt.Sub(revoked).Round(100*time.Millisecond),
+		lastPending.Sub(alert.ActiveAt), firstFiring.Sub(alert.ActiveAt), sinkAlertFor, promInterval, missed, alert.seenAt.Sub(alert.ActiveAt).Round(100*time.Millisecond))
+	// It fired at the first evaluation once for: had passed...
+	if !lastPending.Before(alert.ActiveAt.Add(sinkAlertFor)) || firstFiring.Before(alert.ActiveAt.Add(sinkAlertFor)) {
+		t.Fatalf("pending until +%s, firing from +%s: want firing from the first evaluation at or after for: (%s)",
+			lastPending.Sub(alert.ActiveAt), firstFiring.Sub(alert.ActiveAt), sinkAlertFor)
+	}
+	// ...which came within one evaluation interval (plus those Prometheus
+	// reports it missed).
+	if limit := sinkAlertFor + promInterval*time.Duration(1+missed) + time.Second; firstFiring.Sub(alert.ActiveAt) > limit {
+		t.Fatalf("fired %s after going pending; want within for: + one evaluation (%s)", firstFiring.Sub(alert.ActiveAt), limit)
 	}
 	if d := s.deployment(ctx, t, idc); ptr.Deref(d.Spec.Replicas, -1) != 0 || d.Status.Replicas != 0 {
 		t.Fatalf("while the alert fires the Deployment has %d/%d replicas, want 0", ptr.Deref(d.Spec.Replicas, -1), d.Status.Replicas)
@@ -459,6 +474,82 @@ func (p *prometheus) waitAlert(ctx context.Context, t *testing.T, alertname, nam
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// alertEvaluations reads the ALERTS samples the rule's evaluations wrote
+// since activeAt: the last one pending and the first one firing.
+func (p *prometheus) alertEvaluations(ctx context.Context, t *testing.T, alertname, name string, activeAt time.Time) (lastPending, firstFiring time.Time) {
+	t.Helper()
+	var out struct {
+		Data struct {
+			Result []struct {
+				Metric map[string]string `json:"metric"`
+				Values [][2]any          `json:"values"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	q := fmt.Sprintf(`ALERTS{alertname=%q,name=%q}[15m]`, alertname, name)
+	if err := p.getJSON(ctx, "/api/v1/query?query="+url.QueryEscape(q), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range out.Data.Result {
+		for _, v := range r.Values {
+			sec, ok := v[0].(float64)
+			if !ok {
+				t.Fatalf("ALERTS sample %v", v)
+			}
+			ts := time.UnixMilli(int64(sec * 1000))
+			if ts.Before(activeAt) {
+				continue // an earlier episode
+			}
+			switch r.Metric["alertstate"] {
+			case "pending":
+				if ts.After(lastPending) {
+					lastPending = ts
+				}
+			case "firing":
+				if firstFiring.IsZero() || ts.Before(firstFiring) {
+					firstFiring = ts
+				}
+			}
+		}
+	}
+	if lastPending.IsZero() || firstFiring.IsZero() {
+		t.Fatalf("ALERTS has no pending and firing samples since %s: %+v", activeAt, out.Data.Result)
+	}
+	return lastPending, firstFiring
+}
+
+// missedEvaluations is Prometheus's own count of rule-group evaluations it
+// missed (an evaluation that started late or ran longer than the interval).
+func (p *prometheus) missedEvaluations(ctx context.Context, t *testing.T) float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := p.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var missed float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "prometheus_rule_group_iterations_missed_total{") || !strings.Contains(line, "idc-manager") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		missed += v
+	}
+	return missed
 }
 
 func (p *prometheus) expectNoAlert(ctx context.Context, alertname, name string) error {
