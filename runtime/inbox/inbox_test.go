@@ -459,7 +459,7 @@ func TestNamesProvisionedListsWhatMigrateCreates(t *testing.T) {
 // has; until then UpToDate says the migration is due.
 func TestOptionalTablesAreCreatedWhenFirstUsed(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := pgtest.NewPool(t)
+	pool, dsn := pgtest.NewPool(t)
 	plain := newStore(t, pool, config.LayoutTable)
 	if err := plain.Migrate(ctx); err != nil {
 		t.Fatal(err)
@@ -471,9 +471,24 @@ func TestOptionalTablesAreCreatedWhenFirstUsed(t *testing.T) {
 	if v, ok, err := plain.UpToDate(ctx); err != nil || !ok || v != SchemaVersion {
 		t.Fatalf("plain store UpToDate = %d, %v, %v; want %d, true", v, ok, err, SchemaVersion)
 	}
-	// What the store without the tables reads of them is empty, not an error.
+	// What the store without the tables reads of them is empty, not an
+	// error, also on a pool that runs statements unprepared as the
+	// controller's do (a missing table then shows only in rows.Err).
 	if sum, err := plain.RedriveSummary(ctx, "never"); err != nil || len(sum.Outcomes) != 0 {
 		t.Fatalf("RedriveSummary without the log = %+v, %v; want empty", sum, err)
+	}
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	execPool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer execPool.Close()
+	if sum, err := newStore(t, execPool, config.LayoutTable).RedriveSummary(ctx, "never"); err != nil || len(sum.Outcomes) != 0 {
+		t.Fatalf("RedriveSummary without the log on an unprepared-statement pool = %+v, %v; want empty", sum, err)
 	}
 	if n, err := plain.PruneOutbox(ctx, time.Hour, 100, time.Second); err != nil || n != 0 {
 		t.Fatalf("PruneOutbox without the outbox = %d, %v; want 0, nil", n, err)
@@ -503,6 +518,39 @@ func TestOptionalTablesAreCreatedWhenFirstUsed(t *testing.T) {
 	}
 	if v, ok, err := emitting.UpToDate(ctx); err != nil || !ok || v != SchemaVersion {
 		t.Fatalf("after creating them UpToDate = %d, %v, %v; want %d, true", v, ok, err, SchemaVersion)
+	}
+}
+
+// An inbox of schema version 5 has its tables' current shape: upgrading it
+// runs no ALTER TABLE, so replicas writing the inbox (a row lock held here)
+// do not wait on an ACCESS EXCLUSIVE lock when the operator is upgraded.
+func TestUpgradeFromVersion5TouchesNoTable(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	s := newStore(t, pool, config.LayoutTable, WithOutbox(true), WithRedrives())
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+s.meta+` SET schema_version = 5`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	for _, table := range []string{s.inbox, s.outbox} {
+		if _, err := holder.Exec(ctx, `LOCK TABLE `+table+` IN ROW EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	migrateCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := newStore(t, pool, config.LayoutTable).Migrate(migrateCtx); err != nil {
+		t.Fatalf("upgrading a version-5 inbox while replicas write it: %v", err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v != SchemaVersion {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, SchemaVersion)
 	}
 }
 

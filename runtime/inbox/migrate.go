@@ -26,13 +26,16 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if st.version == SchemaVersion && st.layout == string(s.layout) {
-			// An inbox at this version runs no DDL on its existing tables:
-			// ALTER TABLE takes an ACCESS EXCLUSIVE lock even when there is
-			// nothing to add, which would stall (or deadlock with) the
-			// replicas already consuming. Only an optional table it now
-			// uses is created.
-			return execAll(ctx, tx, s.optionalDDL(st, false))
+		if st.version >= tablesUnchangedSince && st.version <= SchemaVersion && st.layout == string(s.layout) {
+			// An inbox whose tables have their current shape runs no DDL on
+			// them: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when
+			// there is nothing to add, which would stall (or deadlock with)
+			// the replicas already consuming. Only an optional table it now
+			// uses is created, and the version recorded.
+			if err := execAll(ctx, tx, s.optionalDDL(st, false)); err != nil || st.version == SchemaVersion {
+				return err
+			}
+			return s.recordVersion(ctx, tx)
 		}
 		if err := execAll(ctx, tx, s.ddl()); err != nil {
 			return err
@@ -50,6 +53,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// tablesUnchangedSince is the oldest schema version whose tables already
+// have the current shape (6 only changed which optional tables exist), so
+// upgrading from it runs no ALTER TABLE.
+const tablesUnchangedSince = 5
 
 // inboxState is what the catalog and the meta table say of an inbox.
 type inboxState struct {
