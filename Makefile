@@ -260,7 +260,7 @@ helm: $(HELM) ## Build helm from the Go module proxy into bin/ (the chart tests 
 # v0.X.Y of helm's go.mod is Kubernetes 1.X; unstamped it would be v1.20.0,
 # below the chart's kubeVersion).
 $(HELM):
-	@gomod="$$(cd $(LOCALBIN) && go mod download -json helm.sh/helm/v3@$(HELM_VERSION) | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$$/\1/p')"; \
+	@mkdir -p $(LOCALBIN); gomod="$$(cd $(LOCALBIN) && go mod download -json helm.sh/helm/v3@$(HELM_VERSION) | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$$/\1/p')"; \
 	cgo="$$(awk '$$1 == "k8s.io/client-go" { sub(/^v/, "", $$2); print $$2 }' "$$gomod")"; \
 	[ -n "$$cgo" ] || { echo "no k8s.io/client-go in helm's go.mod ($$gomod)" >&2; exit 1; }; \
 	major="$$(( $${cgo%%.*} + 1 ))"; minor="$$(echo "$$cgo" | cut -d. -f2)"; \

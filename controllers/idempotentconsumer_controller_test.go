@@ -532,7 +532,10 @@ var _ = Describe("failures", func() {
 		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), timeout, interval).Should(Equal("False/PermissionDenied"))
 		Expect(conditionMessage(name, messagingv1alpha1.ConditionInboxReady)).To(ContainSubstring("grant"))
 		Eventually(condition(name, messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("True/PermissionDenied"))
-		Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).To(ContainSubstring("GRANT USAGE, CREATE ON SCHEMA"))
+		// The schema does not exist and the role may not create it: the
+		// message names that one grant, and no other.
+		Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).To(ContainSubstring("GRANT CREATE ON DATABASE"))
+		Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).NotTo(ContainSubstring("ON SCHEMA"))
 
 		// Ten failed passes later the re-check period still holds: each
 		// pass comes about recheckPeriod after the last, where
@@ -546,9 +549,11 @@ var _ = Describe("failures", func() {
 			gaps = append(gaps, at[i].Sub(at[i-1]).Round(10*time.Millisecond).String())
 		}
 		GinkgoWriter.Printf("passes of a resource whose inbox cannot be provisioned came %s apart (re-check period %s)\n", strings.Join(gaps, " "), recheckPeriod)
+		// The upper bound leaves room for a slow pass on a busy machine and
+		// still refuses a backoff, which is past 5s by the 11th failure.
 		for i := 10; i < len(at); i++ {
 			gap := at[i].Sub(at[i-1])
-			Expect(gap).To(And(BeNumerically(">=", recheckPeriod*8/10), BeNumerically("<=", recheckPeriod+time.Second)),
+			Expect(gap).To(And(BeNumerically(">=", recheckPeriod*8/10), BeNumerically("<=", recheckPeriod*3/2+time.Second)),
 				"pass %d came %s after the one before; want the re-check period %s", i+1, gap, recheckPeriod)
 		}
 

@@ -114,7 +114,10 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 	version, err := r.opts.Sink.Ensure(ctx, s.target())
 	if err != nil {
 		reason, msg := classifyDBError(s.idc, err)
-		if reason == messagingv1alpha1.ReasonPermissionDenied {
+		var named *sinkdb.EffectProblem
+		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) {
+			// A refusal the sink client could not narrow down to one grant
+			// (explainInboxPrivilege names it when it can).
 			msg += fmt.Sprintf(" (GRANT USAGE, CREATE ON SCHEMA %s TO the role)", pgx.Identifier{s.rc.Config.Sink.Schema}.Sanitize())
 		}
 		s.halt()

@@ -174,7 +174,7 @@ func (e *endpoints) fromURL(raw string, ports map[string]int) {
 }
 
 var (
-	natsPorts = map[string]int{"nats": 4222, "tls": 4222, "": 4222}
+	natsPorts = map[string]int{"nats": 4222, "tls": 4222, "": 4222, "ws": 80, "wss": 443}
 	amqpPorts = map[string]int{"amqp": 5672, "amqps": 5671}
 	httpPorts = map[string]int{"http": 80, "https": 443}
 )

@@ -179,6 +179,10 @@ func TestEgressEndpoints(t *testing.T) {
 			Emit:   &config.Emit{RabbitMQ: &config.EmitRabbitMQ{URIEnv: "OUT"}},
 			Sink:   config.Sink{DSNEnv: "DSN"},
 		}, "10.0.0.5:6432 mq.example:5671 mq.example:15671 10.1.1.1:5673"},
+		{"nats over websockets, default ports", config.Config{
+			Source: config.Source{NATSJetStream: &config.JetStream{URL: "wss://nats.example, ws://10.4.0.1"}},
+			Sink:   config.Sink{DSNEnv: "NONE"},
+		}, "nats.example:443 10.4.0.1:80"},
 		{"redis source, explicit management URL unused", config.Config{
 			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
 			Sink:   config.Sink{DSNEnv: "NONE"},
