@@ -333,18 +333,25 @@ func (s *Store) recordVersion(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// tableExists reports whether the quoted, qualified table exists; what
+// names it in the error.
+func (s *Store) tableExists(ctx context.Context, table, what string) (bool, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+		return false, fmt.Errorf("while looking for %s: %w", what, err)
+	}
+	return exists, nil
+}
+
 // SchemaVersion returns the version recorded by Migrate, or 0 when the inbox
 // has not been migrated.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
-	var exists bool
-	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.meta).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("while looking for the inbox meta table: %w", err)
-	}
-	if !exists {
-		return 0, nil
+	exists, err := s.tableExists(ctx, s.meta, "the inbox meta table")
+	if err != nil || !exists {
+		return 0, err
 	}
 	var v int
-	err := s.pool.QueryRow(ctx, `SELECT schema_version FROM `+s.meta).Scan(&v)
+	err = s.pool.QueryRow(ctx, `SELECT schema_version FROM `+s.meta).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}

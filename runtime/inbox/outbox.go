@@ -168,13 +168,10 @@ func (s *Store) PruneOutbox(ctx context.Context, window time.Duration, batchSize
 	if batchSize < 1 {
 		return 0, fmt.Errorf("while pruning the outbox: batch size must be positive, got %d", batchSize)
 	}
-	var exists bool
-	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.outbox).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("while looking for the outbox table: %w", err)
-	}
-	if !exists {
+	exists, err := s.tableExists(ctx, s.outbox, "the outbox table")
+	if err != nil || !exists {
 		// An inbox that never used an outbox has none (schema version 6).
-		return 0, nil
+		return 0, err
 	}
 	stmt := `DELETE FROM ` + s.outbox + ` WHERE id = ANY(ARRAY(
 		SELECT id FROM ` + s.outbox + ` WHERE sent_at < now() - make_interval(secs => $1) LIMIT $2 FOR UPDATE SKIP LOCKED))`

@@ -187,9 +187,9 @@ func (r RedriveSummary) Total() int {
 // RedriveSummary reads the counts of run from <inbox>_redrives.
 func (s *Store) RedriveSummary(ctx context.Context, run string) (RedriveSummary, error) {
 	sum := RedriveSummary{Run: run, Outcomes: map[string]int{}}
-	var exists bool
-	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.redrives).Scan(&exists); err != nil {
-		return sum, fmt.Errorf("while looking for the redrives log: %w", err)
+	exists, err := s.tableExists(ctx, s.redrives, "the redrives log")
+	if err != nil {
+		return sum, err
 	}
 	if !exists {
 		// No redrive has run on this inbox yet: the first creates the log.
