@@ -173,6 +173,7 @@ func renderedDefaults(t *testing.T) map[string]any {
 		"spec.delivery.maxWait":                 ca.Delivery.MaxWait.Duration,
 		"spec.delivery.maxAttempts":             ca.Delivery.MaxAttempts,
 		"spec.delivery.inFlight":                ca.Delivery.InFlight,
+		"spec.delivery.batching":                string(ca.Delivery.Batching),
 		"spec.delivery.backoff.initial":         ca.Delivery.BackoffInitial.Duration,
 		"spec.delivery.backoff.max":             ca.Delivery.BackoffMax.Duration,
 		"spec.runtime.replicas":                 ca.Delivery.Replicas,

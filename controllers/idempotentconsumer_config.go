@@ -84,6 +84,7 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 			BackoffInitial: dur(s.Delivery.Backoff.Initial),
 			BackoffMax:     dur(s.Delivery.Backoff.Max),
 			InFlight:       int(s.Delivery.InFlight),
+			Batching:       config.Batching(s.Delivery.Batching),
 			Replicas:       int(desiredReplicasDeclared(idc)),
 		},
 		Retention: config.Retention{

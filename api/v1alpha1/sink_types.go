@@ -204,7 +204,8 @@ type DeliverySpec struct {
 	// +kubebuilder:validation:Maximum=10000
 	// +optional
 	BatchSize int32 `json:"batchSize,omitempty"`
-	// maxWait is the longest wait for a batch to fill.
+	// maxWait is the longest a fetch waits when nothing is waiting on the
+	// broker (batching: Adaptive), or for a batch to fill (batching: Fixed).
 	// +kubebuilder:default="200ms"
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="maxWait must be positive"
 	// +optional
@@ -227,6 +228,16 @@ type DeliverySpec struct {
 	// +kubebuilder:validation:Maximum=8
 	// +optional
 	InFlight int32 `json:"inFlight,omitempty"`
+	// batching says when a fetch that finds less than a batch returns.
+	// Adaptive (default): what is waiting is processed at once, and when
+	// nothing is, the first message to arrive is; under backlog batches
+	// still fill to batchSize, so the same settings give a low delay at low
+	// load and full throughput at high load. Fixed: when nothing is waiting,
+	// a fetch waits up to maxWait for a whole batch (fewer, larger
+	// transactions at low load, at the cost of up to maxWait of delay).
+	// +kubebuilder:default=Adaptive
+	// +optional
+	Batching Batching `json:"batching,omitempty"`
 	// backoff between attempts (exponential with jitter).
 	// +kubebuilder:default={}
 	// +optional
@@ -235,6 +246,16 @@ type DeliverySpec struct {
 	// +optional
 	DeadLetter *DeadLetterSpec `json:"deadLetter,omitempty"`
 }
+
+// Batching is Adaptive or Fixed (see DeliverySpec.Batching).
+// +kubebuilder:validation:Enum=Adaptive;Fixed
+type Batching string
+
+// Values of Batching.
+const (
+	BatchingAdaptive Batching = "Adaptive"
+	BatchingFixed    Batching = "Fixed"
+)
 
 // BackoffSpec is an exponential backoff.
 // +kubebuilder:validation:XValidation:rule="!has(self.initial) || !has(self.max) || duration(self.max) >= duration(self.initial)",message="backoff.max must not be smaller than backoff.initial"

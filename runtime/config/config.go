@@ -267,7 +267,24 @@ type Delivery struct {
 	// (JetStream MaxAckPending); the controller leaves it out of the config
 	// hash, so scaling does not roll the pods.
 	Replicas int `json:"replicas,omitempty"`
+	// Batching is Adaptive (the default) or Fixed: how long a fetch waits
+	// when fewer than a batch of messages are waiting (see Batching).
+	Batching Batching `json:"batching,omitempty"`
 }
+
+// Batching says when a fetch that finds less than a whole batch returns.
+type Batching string
+
+const (
+	// BatchingAdaptive: a fetch returns what is waiting at once, and when
+	// nothing is, as soon as the first message arrives; under backlog the
+	// batch still fills. maxWait only bounds an idle wait.
+	BatchingAdaptive Batching = "Adaptive"
+	// BatchingFixed: when nothing is waiting, a fetch waits up to maxWait
+	// for a whole batch (the behaviour before adaptive batching; kept for
+	// side-by-side measurements and for who wants the fewest transactions).
+	BatchingFixed Batching = "Fixed"
+)
 
 // Limit sizing. A JetStream replica holds at most about this many fetches
 // (of batchSize x inFlight each) delivered and not yet acknowledged: the one
@@ -419,6 +436,9 @@ func (d *Delivery) defaults() {
 	if d.Replicas == 0 {
 		d.Replicas = 1
 	}
+	if d.Batching == "" {
+		d.Batching = BatchingAdaptive
+	}
 }
 
 // maxPrefetch is RabbitMQ's largest prefetch count (a 16-bit field).
@@ -496,6 +516,9 @@ func (d Delivery) validate(bad func(string, string, ...any)) {
 	}
 	if d.InFlight < 1 || d.InFlight > 8 {
 		bad("delivery.inFlight", "must be between 1 and 8, got %d", d.InFlight)
+	}
+	if d.Batching != "" && d.Batching != BatchingAdaptive && d.Batching != BatchingFixed {
+		bad("delivery.batching", "must be Adaptive or Fixed, got %q", d.Batching)
 	}
 	if d.Replicas < 0 {
 		bad("delivery.replicas", "must not be negative, got %d", d.Replicas)

@@ -20,6 +20,7 @@ type fakeSource struct {
 	acked    map[string]int
 	ackErrs  int // the next ackErrs Ack calls fail (after acking nothing)
 	fetches  int
+	acks     int // Ack calls that acknowledged
 }
 
 func newFakeSource(msgs []source.Message) *fakeSource {
@@ -60,6 +61,7 @@ func (f *fakeSource) Ack(_ context.Context, msgs []source.Message) error {
 		delete(f.inflight, m.NativeID)
 		f.acked[m.NativeID]++
 	}
+	f.acks++
 	return nil
 }
 

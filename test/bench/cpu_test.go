@@ -22,6 +22,8 @@ const clockTicks = 100
 type cpuSnapshot struct {
 	at                            time.Time
 	nats, postgres, runtime, self time.Duration
+	// rabbit and redis are RabbitMQ's (beam.smp) and Redis's CPU.
+	rabbit, redis time.Duration
 }
 
 // takeCPU reads the snapshot; replicas are the pids of idc-runtime
@@ -44,6 +46,10 @@ func takeCPU(replicas ...int) cpuSnapshot {
 			s.nats += ticks(fields, 11) + ticks(fields, 12) + ticks(fields, 13) + ticks(fields, 14)
 		case "postgres":
 			s.postgres += ticks(fields, 11) + ticks(fields, 12) + ticks(fields, 13) + ticks(fields, 14)
+		case "beam.smp":
+			s.rabbit += ticks(fields, 11) + ticks(fields, 12)
+		case "redis-server":
+			s.redis += ticks(fields, 11) + ticks(fields, 12)
 		}
 	}
 	return s
@@ -85,6 +91,7 @@ func selfCPU() time.Duration {
 type cpuUse struct {
 	wall                          time.Duration
 	nats, postgres, runtime, self time.Duration
+	rabbit, redis                 time.Duration
 	// commits and commitSeconds are the replicas' transactions and
 	// their time in COMMIT over the whole row, first round included
 	// (idc_commit_duration_seconds); 0 in-process.
@@ -95,7 +102,8 @@ type cpuUse struct {
 func cpuSince(before cpuSnapshot, replicas ...int) *cpuUse {
 	after := takeCPU(replicas...)
 	return &cpuUse{wall: after.at.Sub(before.at), nats: after.nats - before.nats, postgres: after.postgres - before.postgres,
-		runtime: after.runtime - before.runtime, self: after.self - before.self}
+		runtime: after.runtime - before.runtime, self: after.self - before.self,
+		rabbit: after.rabbit - before.rabbit, redis: after.redis - before.redis}
 }
 
 func (c cpuUse) String() string {
@@ -103,6 +111,9 @@ func (c cpuUse) String() string {
 	s := fmt.Sprintf("wall=%.2fs nats=%.2fs postgres=%.2fs idc_runtime=%.2fs bench_process=%.2fs total=%.2fs cores_busy=%.2f of %d",
 		c.wall.Seconds(), c.nats.Seconds(), c.postgres.Seconds(), c.runtime.Seconds(), c.self.Seconds(), total.Seconds(),
 		total.Seconds()/c.wall.Seconds(), runtime.NumCPU())
+	if c.rabbit > 0 || c.redis > 0 {
+		s += fmt.Sprintf(" (besides: rabbitmq=%.2fs redis=%.2fs)", c.rabbit.Seconds(), c.redis.Seconds())
+	}
 	if c.commits > 0 {
 		s += fmt.Sprintf(" commits=%d mean_commit_ms=%.2f", c.commits, 1000*c.commitSeconds/float64(c.commits))
 	}
@@ -115,4 +126,11 @@ func (rs *replicaSet) pids() []int {
 		pids[i] = c.Process.Pid
 	}
 	return pids
+}
+
+// perMessage is each component's CPU per message of the row, in µs.
+func (c cpuUse) perMessage(msgs int) string {
+	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(msgs) }
+	return fmt.Sprintf("us_per_msg: nats=%.2f postgres=%.2f idc_runtime=%.2f bench_process=%.2f total=%.2f",
+		us(c.nats), us(c.postgres), us(c.runtime), us(c.self), us(c.nats+c.postgres+c.runtime+c.self))
 }

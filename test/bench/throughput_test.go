@@ -99,6 +99,9 @@ func BenchmarkThroughput(b *testing.B) {
 		for _, c := range order {
 			r := matrix[c]
 			printRow(r)
+			if c.batch == 500 {
+				printLocks(r)
+			}
 			best[c.replicas] = max(best[c.replicas], r.rate())
 			if c.batch == 500 {
 				scale[c.replicas] = r.rate()
@@ -107,27 +110,44 @@ func BenchmarkThroughput(b *testing.B) {
 		// The two rows of the headline ratio run twice, alternating
 		// (ceiling, runtime, runtime, ceiling), and each keeps its better
 		// run, for the same reason.
+		// The headline also runs with batching Fixed (an idle fetch waits
+		// for a whole batch: the loop before adaptive batching), in the
+		// same alternation, for the side-by-side row.
 		ceiling := t.dbCeiling(b)
 		headline := t.runJetStream(b, 2, 500)
+		fixed := t.runJetStreamWith(b, 2, 500, config.BatchingFixed)
+		fixed = fasterRow(fixed, t.runJetStreamWith(b, 2, 500, config.BatchingFixed))
 		headline = fasterRow(headline, t.runJetStream(b, 2, 500))
 		ceiling = fasterRow(ceiling, t.dbCeiling(b))
 		printRow(ceiling)
 		headline.name = "jetstream_upsert_headline"
 		printRow(headline)
+		fixed.name = "jetstream_upsert_headline_fixed"
+		printRow(fixed)
 		// The scale-out and matrix lines use the matrix rows only: every
 		// cell the better of the same two runs (folding the headline's two
 		// extra runs into the 2-replica cell biased it upwards).
 		printCPU(jsAlone)
 		printCPU(ceiling)
 		printCPU(headline)
+		printCPU(fixed)
 
-		printRow(t.rabbitAlone(b, 2))
-		printRow(t.runRabbitMQ(b, 2, 500))
+		rabbitAlone := t.rabbitAlone(b, 2)
+		printRow(rabbitAlone)
+		rabbit := t.runRabbitMQ(b, 2, 500)
+		printRow(rabbit)
+		printCPU(rabbit)
 		printRow(t.redisAlone(b, 2))
-		printRow(t.runRedis(b, 2, 500))
-		printRow(t.runKafka(b, 2, 500))
+		redisRow := t.runRedis(b, 2, 500)
+		printRow(redisRow)
+		kafkaRow := t.runKafka(b, 2, 500)
+		printRow(kafkaRow)
+
+		t.latencyRows(b, headline.rate(), rabbit.rate(), redisRow.rate(), kafkaRow.rate())
 
 		fmt.Printf("RATIO runtime_vs_db_ceiling=%.2f\n", headline.rate()/ceiling.rate())
+		fmt.Printf("RATIO adaptive_vs_fixed_headline=%.2f\n", headline.rate()/fixed.rate())
+		fmt.Printf("RATIO rabbitmq_upsert_vs_alone=%.2f\n", rabbit.rate()/rabbitAlone.rate())
 		fmt.Printf("SCALEOUT batch=500 replicas_1=%.0f replicas_2=%.0f replicas_4=%.0f replicas_8=%.0f (4 and 8 vs 2: %.2f %.2f)\n",
 			scale[1], scale[2], scale[4], scale[8], scale[4]/scale[2], scale[8]/scale[2])
 		worst := 1.0
@@ -149,6 +169,22 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 	jsAlone := t.jetStreamAlone(b, 2) // publishes the stream
 	printRow(jsAlone)
 	for _, item := range strings.Split(only, ",") {
+		if strings.TrimSpace(item) == "latency" {
+			// The JetStream latency rows, at the shares of a 2 x 500 row
+			// measured here.
+			r := t.runJetStream(b, 2, 500)
+			printRow(r)
+			printCPU(r)
+			t.latencyRows(b, r.rate(), 0, 0, 0)
+			continue
+		}
+		if strings.TrimSpace(item) == "fixed" {
+			r := t.runJetStreamWith(b, 2, 500, config.BatchingFixed)
+			r.name = "jetstream_upsert_fixed"
+			printRow(r)
+			printCPU(r)
+			continue
+		}
 		var replicas, batch int
 		if _, err := fmt.Sscanf(strings.TrimSpace(item), "%dx%d", &replicas, &batch); err != nil || replicas < 1 || batch < 1 {
 			b.Fatalf("%s: %q is not <replicas>x<batch>", rowsEnv, item)
@@ -177,6 +213,10 @@ type row struct {
 	note     string
 	// cpu is where the cores went while the row was timed.
 	cpu *cpuUse
+	// lockWaits is how many backends sampleLockWaits found waiting on
+	// Lock:transactionid (another transaction's row lock) over
+	// lockSamples samples of pg_stat_activity during the row.
+	lockWaits, lockSamples int
 }
 
 func (r row) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -196,7 +236,55 @@ func printRow(r row) {
 
 func printCPU(r row) {
 	if r.cpu != nil {
-		fmt.Printf("CPU row=%s %s\n", r.name, r.cpu)
+		per := ""
+		if r.msgs > 0 {
+			per = " " + r.cpu.perMessage(r.msgs)
+		}
+		fmt.Printf("CPU row=%s %s%s\n", r.name, r.cpu, per)
+	}
+	printLocks(r)
+}
+
+func printLocks(r row) {
+	if r.lockSamples > 0 {
+		fmt.Printf("LOCKS row=%s replicas=%d batch=%d lock_transactionid_waits=%d samples=%d every=%s\n",
+			r.name, r.replicas, r.batch, r.lockWaits, r.lockSamples, lockSampleEvery)
+	}
+}
+
+// lockSampleEvery is how often sampleLockWaits reads pg_stat_activity.
+const lockSampleEvery = 10 * time.Millisecond
+
+// sampleLockWaits counts, every lockSampleEvery until the returned func is
+// called, the backends waiting on another transaction's row lock
+// (wait_event Lock:transactionid): replicas upserting the same keys.
+func (t *throughputEnv) sampleLockWaits() func() (waits, samples int) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var waits, samples int
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(lockSampleEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			var n int
+			err := t.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'`).Scan(&n)
+			if err == nil {
+				waits += n
+				samples++
+			}
+		}
+	}()
+	return func() (int, int) {
+		close(stop)
+		<-done
+		return waits, samples
 	}
 }
 
@@ -560,9 +648,15 @@ func (rs *replicaSet) measure(b *testing.B, name string, total int) (int, time.D
 // consumer of the stream (created by the runtime, so sized by it).
 func (t *throughputEnv) runJetStream(b *testing.B, replicas, batch int) row {
 	b.Helper()
+	return t.runJetStreamWith(b, replicas, batch, config.BatchingAdaptive)
+}
+
+func (t *throughputEnv) runJetStreamWith(b *testing.B, replicas, batch int, batching config.Batching) row {
+	b.Helper()
 	stream := t.jetStreamStream(b)
 	schema := t.schema(b)
 	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batch)
+	cfg.Delivery.Batching = batching
 	var env []string
 	if dir := os.Getenv("IDC_BENCH_CPU_PROFILES"); dir != "" {
 		// A diagnostic: every JetStream replica writes a CPU profile.
@@ -570,12 +664,15 @@ func (t *throughputEnv) runJetStream(b *testing.B, replicas, batch int) row {
 	}
 	rs := t.startReplicas(b, cfg, replicas, env...)
 	rs.acked = t.jetStreamAcked(stream, "c_"+schema, len(t.w.bodies))
+	locks := t.sampleLockWaits()
 	timed, elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
+	lockWaits, lockSamples := locks()
 	t.checkResult(b, schema)
 	if err := t.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
 		b.Fatalf("deleting the row's durable consumer: %v", err)
 	}
-	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu}
+	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu,
+		lockWaits: lockWaits, lockSamples: lockSamples}
 }
 
 // jetStreamAcked counts the messages the durable consumer has had
@@ -729,7 +826,7 @@ func (t *throughputEnv) runRabbitMQ(b *testing.B, replicas, batch int) row {
 	rs := t.startReplicas(b, cfg, replicas)
 	timed, elapsed, rss := rs.measure(b, "rabbitmq", len(t.w.bodies))
 	t.checkResult(b, schema)
-	return row{name: "rabbitmq_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, note: "classic durable queue"}
+	return row{name: "rabbitmq_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, note: "classic durable queue", cpu: rs.cpu}
 }
 
 func (t *throughputEnv) rabbitAlone(b *testing.B, n int) row {

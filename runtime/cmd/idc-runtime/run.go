@@ -154,6 +154,9 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	if err := armFailpoint(os.Getenv(failpointEnv), log); err != nil {
 		return err
 	}
+	gcPercent, softLimit := consumerMemorySettings(os.Getenv, os.ReadFile)
+	// 0 means the environment's GOGC / GOMEMLIMIT, or no container limit.
+	log.V(1).Info("Go collector", "gcPercentSet", gcPercent, "softMemoryLimitSet", softLimit)
 	if path := os.Getenv(cpuProfileEnv); path != "" {
 		stop, err := startCPUProfile(path)
 		if err != nil {

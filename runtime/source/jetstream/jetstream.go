@@ -31,6 +31,13 @@ type Source struct {
 	// (after the last Fetch returned) touch them.
 	ahead  jetstream.MessageBatch
 	aheadN int
+	// aheadOpen says the request ahead is a waiting one (sent while idle,
+	// batching Adaptive): it stays open after some of its messages were
+	// taken, so a Fetch takes what it delivered so far instead of waiting
+	// for it to complete.
+	aheadOpen bool
+	// fixed is batching Fixed: an idle Fetch waits for a whole batch.
+	fixed bool
 }
 
 var _ source.Source = (*Source)(nil)
@@ -46,6 +53,7 @@ type options struct {
 	// Zero leaves the server default (1,000).
 	sizedAckPending, minAckPending int
 	batchSize                      int
+	fixed                          bool
 }
 
 // WithDelivery sizes a consumer the runtime creates (and grows one it
@@ -57,6 +65,7 @@ func WithDelivery(d config.Delivery) Option {
 		o.sizedAckPending = d.SizedUnacked(d.Replicas)
 		o.minAckPending = d.MinUnacked(d.Replicas)
 		o.batchSize = d.BatchSize
+		o.fixed = d.Batching == config.BatchingFixed
 	}
 }
 
@@ -98,7 +107,7 @@ func New(ctx context.Context, cfg *config.JetStream, logger logr.Logger, opts ..
 		nc.Close()
 		return nil, err
 	}
-	return &Source{log: log, nc: nc, consumer: consumer}, nil
+	return &Source{log: log, nc: nc, consumer: consumer, fixed: o.fixed}, nil
 }
 
 func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.Option, error) {
@@ -217,18 +226,26 @@ func checkExisting(info *jetstream.ConsumerInfo, cfg *config.JetStream, log logr
 	return nil
 }
 
-// Fetch first takes what is available right away; only when nothing is, it
-// waits up to maxWait for a batch.
+// Fetch first takes what is available right away, up to maxN; only when
+// nothing is, it waits, at most maxWait. Batching Adaptive (the default)
+// waits for the first message and returns it with whatever else arrived
+// with it: a lone message is not held back for a batch that is not coming,
+// and under backlog the batch fills because that much is available at once.
+// Batching Fixed waits for a whole batch (or maxWait), as the runtime did
+// before adaptive batching.
 //
 // A Fetch that returns messages sends the pull request of the next Fetch
 // before it returns (one request ahead, no-wait, the same size), so the
 // next batch travels while the caller commits this one: a fetch's round
 // trip and the server's work on it are off the loop's path. The batch
 // ahead is at most one more batch delivered and not yet acknowledged; the
-// runtime sizes MaxAckPending for it (config.Delivery.SizedUnacked). Close
-// gives it back (NAK). While the loop holds on a misconfigured sink it sits
-// delivered: past AckWait the server redelivers its messages, and the inbox
-// settles whichever copy commits second as a duplicate.
+// runtime sizes MaxAckPending for it (config.Delivery.SizedUnacked). The
+// waiting request of an adaptive idle Fetch stays open when it returned
+// early: it is the request ahead then, and the next Fetch takes what it
+// delivered meanwhile. Close gives the request ahead back (NAK). While the
+// loop holds on a misconfigured sink it sits delivered: past AckWait the
+// server redelivers its messages, and the inbox settles whichever copy
+// commits second as a duplicate.
 func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -238,6 +255,14 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	}
 	if s.ahead != nil && s.aheadN > maxN {
 		s.giveBackAhead() // asked for more than this call may return
+	}
+	if s.ahead != nil && s.aheadOpen {
+		msgs, err := s.takeOpen(ctx, maxN, maxWait)
+		if err != nil || len(msgs) > 0 || s.ahead != nil {
+			return msgs, err
+		}
+		// The open request had ended with nothing more: ask again now
+		// (what waits meanwhile is taken at once).
 	}
 	batch := s.ahead
 	s.ahead = nil
@@ -253,15 +278,85 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 		if batch, err = s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait)); err != nil {
 			return nil, fmt.Errorf("while fetching from JetStream: %w", err)
 		}
+		if !s.fixed {
+			s.ahead, s.aheadN, s.aheadOpen = batch, maxN, true
+			return s.takeOpen(ctx, maxN, maxWait)
+		}
 		msgs, err = s.collect(ctx, batch, maxN)
 	}
 	if err == nil && len(msgs) > 0 {
-		// An error here is not this fetch's: the next Fetch sends its own
-		// request and reports it.
-		s.ahead, _ = s.consumer.FetchNoWait(maxN)
-		s.aheadN = maxN
+		s.requestAhead(maxN)
 	}
 	return msgs, err
+}
+
+// requestAhead sends the no-wait pull request of the next Fetch. An error
+// here is not this fetch's: the next Fetch sends its own request and
+// reports it.
+func (s *Source) requestAhead(maxN int) {
+	s.ahead, _ = s.consumer.FetchNoWait(maxN)
+	s.aheadN, s.aheadOpen = maxN, false
+}
+
+// takeOpen takes from the open waiting request ahead: it waits for its
+// first message (at most maxWait, or until the request ends), then takes
+// what else it has delivered, without waiting for more. A request that
+// ended is replaced by a no-wait request ahead once some of its messages
+// were returned; one that ended with nothing leaves the next Fetch to send
+// a new request.
+func (s *Source) takeOpen(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
+	batch := s.ahead
+	msgs, ended, err := s.take(ctx, batch, maxN, maxWait)
+	if err != nil || ended {
+		s.ahead, s.aheadOpen = nil, false
+	}
+	if err == nil && ended && len(msgs) > 0 {
+		s.requestAhead(maxN)
+	}
+	return msgs, err
+}
+
+// take waits up to maxWait for batch's first message, then returns it and
+// the messages batch already delivered, up to maxN. ended says the request
+// is complete (every message it will deliver was taken).
+func (s *Source) take(ctx context.Context, batch jetstream.MessageBatch, maxN int, maxWait time.Duration) ([]source.Message, bool, error) {
+	var msgs []source.Message
+	timer := time.NewTimer(maxWait)
+	defer timer.Stop()
+	wait := timer.C
+	for len(msgs) < maxN {
+		var m jetstream.Msg
+		var ok bool
+		if len(msgs) == 0 {
+			select {
+			case <-ctx.Done():
+				// Whatever was delivered is redelivered after AckWait.
+				return nil, true, ctx.Err()
+			case <-wait:
+				return nil, false, nil // the request stays open for the next Fetch
+			case m, ok = <-batch.Messages():
+			}
+		} else {
+			select {
+			case m, ok = <-batch.Messages():
+			default:
+				return msgs, false, nil // what has arrived; the rest is not waited for
+			}
+		}
+		if !ok {
+			msgs, err := s.finish(msgs, batch.Error())
+			return msgs, true, err
+		}
+		msg, err := convert(m)
+		if err != nil {
+			return nil, true, err
+		}
+		if msgs == nil {
+			msgs = make([]source.Message, 0, maxN)
+		}
+		msgs = append(msgs, msg)
+	}
+	return msgs, false, nil
 }
 
 func (s *Source) collect(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, error) {
@@ -374,10 +469,31 @@ func (s *Source) giveBackAhead() {
 		return
 	}
 	batch := s.ahead
-	s.ahead = nil
+	open := s.aheadOpen
+	s.ahead, s.aheadOpen = nil, false
 	deadline := time.NewTimer(aheadGiveBack)
 	defer deadline.Stop()
 	naked := 0
+	for open {
+		// A waiting request may stay open up to maxWait with nothing to
+		// deliver: give back what it delivered, without waiting for it
+		// to end (a message still on its way is redelivered after
+		// AckWait).
+		select {
+		case m, ok := <-batch.Messages():
+			if !ok {
+				return
+			}
+			if err := m.Nak(); err == nil {
+				naked++
+			}
+		default:
+			if naked > 0 {
+				s.log.Info("gave back the messages of the open request", "messages", naked)
+			}
+			return
+		}
+	}
 	for {
 		select {
 		case m, ok := <-batch.Messages():
