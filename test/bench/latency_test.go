@@ -174,6 +174,13 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 		b.Fatal(err)
 	}
 	lat := make([]time.Duration, 0, total)
+	var dump *os.File
+	if dir := os.Getenv("IDC_BENCH_LATENCY_DUMP"); dir != "" {
+		// A diagnostic: every measured message's publish offset and latency.
+		if dump, err = os.Create(fmt.Sprintf("%s/%s-%s-%.2f.txt", dir, name, strings.ToLower(string(cfg.Delivery.Batching)), load)); err != nil {
+			b.Fatal(err)
+		}
+	}
 	inWindow, missing := 0, 0
 	for rows.Next() {
 		var id string
@@ -197,6 +204,12 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 			continue // warm-up
 		}
 		lat = append(lat, at.Sub(stamps[n]))
+		if dump != nil {
+			fmt.Fprintf(dump, "%d %.3f %.3f %d\n", n, stamps[n].Sub(windowStart).Seconds(), float64(at.Sub(stamps[n]).Microseconds())/1000, xid)
+		}
+	}
+	if dump != nil {
+		_ = dump.Close()
 	}
 	if err := rows.Err(); err != nil {
 		b.Fatal(err)

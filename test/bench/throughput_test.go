@@ -185,11 +185,20 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			printCPU(r)
 			continue
 		}
+		// <replicas>x<batch>[:NAME=VALUE] (an environment variable for
+		// the replicas, e.g. 2x500:GOGC=100).
+		spec, env, _ := strings.Cut(strings.TrimSpace(item), ":")
 		var replicas, batch int
-		if _, err := fmt.Sscanf(strings.TrimSpace(item), "%dx%d", &replicas, &batch); err != nil || replicas < 1 || batch < 1 {
-			b.Fatalf("%s: %q is not <replicas>x<batch>", rowsEnv, item)
+		if _, err := fmt.Sscanf(spec, "%dx%d", &replicas, &batch); err != nil || replicas < 1 || batch < 1 {
+			b.Fatalf("%s: %q is not <replicas>x<batch>[:NAME=VALUE]", rowsEnv, item)
 		}
-		r := t.runJetStream(b, replicas, batch)
+		var r row
+		if env != "" {
+			r = t.runJetStreamEnv(b, replicas, batch, config.BatchingAdaptive, env)
+			r.name += "_" + strings.ToLower(strings.ReplaceAll(env, "=", ""))
+		} else {
+			r = t.runJetStream(b, replicas, batch)
+		}
 		printRow(r)
 		printCPU(r)
 	}
@@ -217,6 +226,10 @@ type row struct {
 	// Lock:transactionid (another transaction's row lock) over
 	// lockSamples samples of pg_stat_activity during the row.
 	lockWaits, lockSamples int
+	// claimWaits are the lockWaits of the inbox claim (an id another
+	// transaction claimed and has not committed yet); the rest wait in
+	// the effect (a key another transaction upserted).
+	claimWaits int
 }
 
 func (r row) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -247,8 +260,8 @@ func printCPU(r row) {
 
 func printLocks(r row) {
 	if r.lockSamples > 0 {
-		fmt.Printf("LOCKS row=%s replicas=%d batch=%d lock_transactionid_waits=%d samples=%d every=%s\n",
-			r.name, r.replicas, r.batch, r.lockWaits, r.lockSamples, lockSampleEvery)
+		fmt.Printf("LOCKS row=%s replicas=%d batch=%d lock_transactionid_waits=%d (claim %d, effect %d) samples=%d every=%s\n",
+			r.name, r.replicas, r.batch, r.lockWaits, r.claimWaits, r.lockWaits-r.claimWaits, r.lockSamples, lockSampleEvery)
 	}
 }
 
@@ -258,10 +271,10 @@ const lockSampleEvery = 10 * time.Millisecond
 // sampleLockWaits counts, every lockSampleEvery until the returned func is
 // called, the backends waiting on another transaction's row lock
 // (wait_event Lock:transactionid): replicas upserting the same keys.
-func (t *throughputEnv) sampleLockWaits() func() (waits, samples int) {
+func (t *throughputEnv) sampleLockWaits() func() (waits, claimWaits, samples int) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	var waits, samples int
+	var waits, claims, samples int
 	go func() {
 		defer close(done)
 		tick := time.NewTicker(lockSampleEvery)
@@ -272,19 +285,21 @@ func (t *throughputEnv) sampleLockWaits() func() (waits, samples int) {
 				return
 			case <-tick.C:
 			}
-			var n int
-			err := t.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'`).Scan(&n)
+			var n, claim int
+			err := t.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE query LIKE 'INSERT INTO %inbox%')
+				FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'`).Scan(&n, &claim)
 			if err == nil {
 				waits += n
+				claims += claim
 				samples++
 			}
 		}
 	}()
-	return func() (int, int) {
+	return func() (int, int, int) {
 		close(stop)
 		<-done
-		return waits, samples
+		return waits, claims, samples
 	}
 }
 
@@ -653,11 +668,15 @@ func (t *throughputEnv) runJetStream(b *testing.B, replicas, batch int) row {
 
 func (t *throughputEnv) runJetStreamWith(b *testing.B, replicas, batch int, batching config.Batching) row {
 	b.Helper()
+	return t.runJetStreamEnv(b, replicas, batch, batching)
+}
+
+func (t *throughputEnv) runJetStreamEnv(b *testing.B, replicas, batch int, batching config.Batching, env ...string) row {
+	b.Helper()
 	stream := t.jetStreamStream(b)
 	schema := t.schema(b)
 	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batch)
 	cfg.Delivery.Batching = batching
-	var env []string
 	if dir := os.Getenv("IDC_BENCH_CPU_PROFILES"); dir != "" {
 		// A diagnostic: every JetStream replica writes a CPU profile.
 		env = append(env, "IDC_CPU_PROFILE="+filepath.Join(dir, fmt.Sprintf("%s-r%d-b%d-{replica}.pprof", schema, replicas, batch)))
@@ -666,13 +685,13 @@ func (t *throughputEnv) runJetStreamWith(b *testing.B, replicas, batch int, batc
 	rs.acked = t.jetStreamAcked(stream, "c_"+schema, len(t.w.bodies))
 	locks := t.sampleLockWaits()
 	timed, elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
-	lockWaits, lockSamples := locks()
+	lockWaits, claimWaits, lockSamples := locks()
 	t.checkResult(b, schema)
 	if err := t.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
 		b.Fatalf("deleting the row's durable consumer: %v", err)
 	}
 	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu,
-		lockWaits: lockWaits, lockSamples: lockSamples}
+		lockWaits: lockWaits, claimWaits: claimWaits, lockSamples: lockSamples}
 }
 
 // jetStreamAcked counts the messages the durable consumer has had

@@ -36,6 +36,8 @@ type Source struct {
 	// taken, so a Fetch takes what it delivered so far instead of waiting
 	// for it to complete.
 	aheadOpen bool
+	// aheadTaken is how many messages of the open request were taken.
+	aheadTaken int
 	// fixed is batching Fixed: an idle Fetch waits for a whole batch.
 	fixed bool
 }
@@ -226,26 +228,25 @@ func checkExisting(info *jetstream.ConsumerInfo, cfg *config.JetStream, log logr
 	return nil
 }
 
-// Fetch first takes what is available right away, up to maxN; only when
-// nothing is, it waits, at most maxWait. Batching Adaptive (the default)
-// waits for the first message and returns it with whatever else arrived
-// with it: a lone message is not held back for a batch that is not coming,
-// and under backlog the batch fills because that much is available at once.
-// Batching Fixed waits for a whole batch (or maxWait), as the runtime did
-// before adaptive batching.
+// Fetch returns up to maxN messages.
+//
+// It first takes what is available right away (a no-wait pull request, or
+// the request sent ahead by the previous Fetch); a backlog fills the batch.
+// When nothing is available it waits, at most maxWait:
+//   - batching Adaptive (the default): for the first message, which it
+//     returns with whatever else has arrived by then, from a waiting
+//     request that stays open for the next Fetch if it has more to give;
+//   - batching Fixed (the loop before adaptive batching): for a whole batch.
 //
 // A Fetch that returns messages sends the pull request of the next Fetch
 // before it returns (one request ahead, no-wait, the same size), so the
 // next batch travels while the caller commits this one: a fetch's round
 // trip and the server's work on it are off the loop's path. The batch
 // ahead is at most one more batch delivered and not yet acknowledged; the
-// runtime sizes MaxAckPending for it (config.Delivery.SizedUnacked). The
-// waiting request of an adaptive idle Fetch stays open when it returned
-// early: it is the request ahead then, and the next Fetch takes what it
-// delivered meanwhile. Close gives the request ahead back (NAK). While the
-// loop holds on a misconfigured sink it sits delivered: past AckWait the
-// server redelivers its messages, and the inbox settles whichever copy
-// commits second as a duplicate.
+// runtime sizes MaxAckPending for it (config.Delivery.SizedUnacked). Close
+// gives it back (NAK). While the loop holds on a misconfigured sink it sits
+// delivered: past AckWait the server redelivers its messages, and the inbox
+// settles whichever copy commits second as a duplicate.
 func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -256,123 +257,204 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	if s.ahead != nil && s.aheadN > maxN {
 		s.giveBackAhead() // asked for more than this call may return
 	}
-	if s.ahead != nil && s.aheadOpen {
-		msgs, err := s.takeOpen(ctx, maxN, maxWait)
-		if err != nil || len(msgs) > 0 || s.ahead != nil {
+	wait := time.NewTimer(max(maxWait, time.Millisecond))
+	defer wait.Stop()
+	for {
+		if s.ahead == nil {
+			batch, err := s.consumer.FetchNoWait(maxN)
+			if err != nil {
+				return nil, fmt.Errorf("while fetching from JetStream: %w", err)
+			}
+			s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
+		}
+		var msgs []source.Message
+		var ended, timedOut bool
+		var err error
+		if s.aheadOpen {
+			msgs, ended, timedOut, err = s.take(ctx, maxN, wait.C)
+		} else {
+			msgs, ended, err = s.collect(ctx, maxN)
+		}
+		if err != nil || ended {
+			s.ahead = nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) > 0 {
+			if s.ahead == nil {
+				s.requestAhead(maxN)
+			}
+			return msgs, nil
+		}
+		if timedOut || maxWait <= 0 {
+			return nil, nil
+		}
+		if s.ahead != nil {
+			continue // a request still open: wait for its first message
+		}
+		// Caught up: wait (long poll).
+		batch, err := s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait))
+		if err != nil {
+			return nil, fmt.Errorf("while fetching from JetStream: %w", err)
+		}
+		if s.fixed {
+			// A whole batch, or what came within maxWait.
+			s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
+			msgs, _, err := s.collectAll(ctx, batch, maxN)
+			s.ahead = nil
+			if err == nil && len(msgs) > 0 {
+				s.requestAhead(maxN)
+			}
 			return msgs, err
 		}
-		// The open request had ended with nothing more: ask again now
-		// (what waits meanwhile is taken at once).
+		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, true, 0
 	}
-	batch := s.ahead
-	s.ahead = nil
-	if batch == nil {
-		var err error
-		if batch, err = s.consumer.FetchNoWait(maxN); err != nil {
-			return nil, fmt.Errorf("while fetching from JetStream: %w", err)
-		}
-	}
-	msgs, err := s.collect(ctx, batch, maxN)
-	if err == nil && len(msgs) == 0 && maxWait > 0 {
-		// Caught up: wait for the next message (long poll).
-		if batch, err = s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait)); err != nil {
-			return nil, fmt.Errorf("while fetching from JetStream: %w", err)
-		}
-		if !s.fixed {
-			s.ahead, s.aheadN, s.aheadOpen = batch, maxN, true
-			return s.takeOpen(ctx, maxN, maxWait)
-		}
-		msgs, err = s.collect(ctx, batch, maxN)
-	}
-	if err == nil && len(msgs) > 0 {
-		s.requestAhead(maxN)
-	}
-	return msgs, err
 }
 
 // requestAhead sends the no-wait pull request of the next Fetch. An error
 // here is not this fetch's: the next Fetch sends its own request and
 // reports it.
 func (s *Source) requestAhead(maxN int) {
-	s.ahead, _ = s.consumer.FetchNoWait(maxN)
-	s.aheadN, s.aheadOpen = maxN, false
+	batch, err := s.consumer.FetchNoWait(maxN)
+	if err != nil {
+		s.ahead = nil
+		return
+	}
+	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
 }
 
-// takeOpen takes from the open waiting request ahead: it waits for its
-// first message (at most maxWait, or until the request ends), then takes
-// what else it has delivered, without waiting for more. A request that
-// ended is replaced by a no-wait request ahead once some of its messages
-// were returned; one that ended with nothing leaves the next Fetch to send
-// a new request.
-func (s *Source) takeOpen(ctx context.Context, maxN int, maxWait time.Duration) ([]source.Message, error) {
+// fillGap bounds the wait for the next message of a burst the server said
+// is pending (a backlog): a batch fills from it, but a message another
+// replica's request took is not waited for longer than this.
+const fillGap = 20 * time.Millisecond
+
+// take waits (until wait fires) for batch's first message, then takes the
+// messages batch has delivered, up to maxN, and, while the last one says
+// more are pending on the server, waits up to fillGap for each next one.
+// ended says the request is complete (every message it will deliver was
+// taken); timedOut that wait fired before any message.
+func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msgs []source.Message, ended, timedOut bool, err error) {
 	batch := s.ahead
-	msgs, ended, err := s.take(ctx, batch, maxN, maxWait)
-	if err != nil || ended {
-		s.ahead, s.aheadOpen = nil, false
-	}
-	if err == nil && ended && len(msgs) > 0 {
-		s.requestAhead(maxN)
-	}
-	return msgs, err
-}
-
-// take waits up to maxWait for batch's first message, then returns it and
-// the messages batch already delivered, up to maxN. ended says the request
-// is complete (every message it will deliver was taken).
-func (s *Source) take(ctx context.Context, batch jetstream.MessageBatch, maxN int, maxWait time.Duration) ([]source.Message, bool, error) {
-	var msgs []source.Message
-	timer := time.NewTimer(maxWait)
-	defer timer.Stop()
-	wait := timer.C
+	var gap *time.Timer
+	defer func() {
+		if gap != nil {
+			gap.Stop()
+		}
+	}()
+	pending := uint64(0)
 	for len(msgs) < maxN {
+		if s.aheadTaken >= s.aheadN {
+			// Every message the request asked for was taken: it is
+			// complete (nats.go closes it right after the last).
+			return msgs, true, false, nil
+		}
 		var m jetstream.Msg
 		var ok bool
-		if len(msgs) == 0 {
+		switch {
+		case len(msgs) == 0:
 			select {
 			case <-ctx.Done():
 				// Whatever was delivered is redelivered after AckWait.
-				return nil, true, ctx.Err()
+				return nil, true, false, ctx.Err()
 			case <-wait:
-				return nil, false, nil // the request stays open for the next Fetch
+				return nil, false, true, nil // the request stays open for the next Fetch
 			case m, ok = <-batch.Messages():
 			}
-		} else {
+		default:
 			select {
 			case m, ok = <-batch.Messages():
 			default:
-				return msgs, false, nil // what has arrived; the rest is not waited for
+				if pending == 0 {
+					return msgs, false, false, nil // what has arrived; nothing more is waiting
+				}
+				if gap == nil {
+					gap = time.NewTimer(fillGap)
+				} else {
+					gap.Reset(fillGap)
+				}
+				select {
+				case m, ok = <-batch.Messages():
+				case <-gap.C:
+					return msgs, false, false, nil
+				}
 			}
 		}
 		if !ok {
 			msgs, err := s.finish(msgs, batch.Error())
-			return msgs, true, err
+			return msgs, true, false, err
 		}
-		msg, err := convert(m)
+		msg, md, err := convertMeta(m)
 		if err != nil {
-			return nil, true, err
+			return nil, true, false, err
 		}
+		pending = md.NumPending
+		s.aheadTaken++
 		if msgs == nil {
 			msgs = make([]source.Message, 0, maxN)
 		}
 		msgs = append(msgs, msg)
 	}
-	return msgs, false, nil
+	return msgs, s.aheadTaken >= s.aheadN, false, nil
 }
 
-func (s *Source) collect(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, error) {
+// noWaitStall bounds how long collect waits on a no-wait request that has
+// gone quiet. The server answers one at once unless another replica's
+// waiting request takes the messages it was queued for; then it may stay
+// unanswered, and nats.go ends it only after a second (measured: one-second
+// stalls of the whole loop at 10% load with two replicas). Past this, the
+// request is kept as an open one: the next Fetch takes what it still
+// delivers, so nothing is stranded.
+const noWaitStall = 50 * time.Millisecond
+
+// collect takes the messages of the no-wait request ahead until it ends
+// (ended), or until it has been quiet for noWaitStall (then it stays open).
+func (s *Source) collect(ctx context.Context, maxN int) ([]source.Message, bool, error) {
+	batch := s.ahead
 	msgs := make([]source.Message, 0, maxN)
+	quiet := time.NewTimer(noWaitStall)
+	defer quiet.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			// Whatever was delivered is redelivered after AckWait.
-			return nil, ctx.Err()
+			return nil, true, ctx.Err()
+		case <-quiet.C:
+			s.aheadOpen, s.aheadTaken = true, len(msgs)
+			return msgs, false, nil
 		case m, ok := <-batch.Messages():
 			if !ok {
-				return s.finish(msgs, batch.Error())
+				msgs, err := s.finish(msgs, batch.Error())
+				return msgs, true, err
 			}
 			msg, err := convert(m)
 			if err != nil {
-				return nil, err
+				return nil, true, err
+			}
+			msgs = append(msgs, msg)
+			if !quiet.Stop() {
+				<-quiet.C
+			}
+			quiet.Reset(noWaitStall)
+		}
+	}
+}
+
+// collectAll takes every message of batch until it ends.
+func (s *Source) collectAll(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, bool, error) {
+	msgs := make([]source.Message, 0, maxN)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, true, ctx.Err()
+		case m, ok := <-batch.Messages():
+			if !ok {
+				msgs, err := s.finish(msgs, batch.Error())
+				return msgs, true, err
+			}
+			msg, err := convert(m)
+			if err != nil {
+				return nil, true, err
 			}
 			msgs = append(msgs, msg)
 		}
@@ -393,9 +475,14 @@ func (s *Source) finish(msgs []source.Message, err error) ([]source.Message, err
 }
 
 func convert(m jetstream.Msg) (source.Message, error) {
+	msg, _, err := convertMeta(m)
+	return msg, err
+}
+
+func convertMeta(m jetstream.Msg) (source.Message, *jetstream.MsgMetadata, error) {
 	md, err := m.Metadata()
 	if err != nil {
-		return source.Message{}, fmt.Errorf("while reading JetStream message metadata: %w", err)
+		return source.Message{}, nil, fmt.Errorf("while reading JetStream message metadata: %w", err)
 	}
 	var headers map[string]string // nil (readable) when there are none
 	if h := m.Headers(); len(h) > 0 {
@@ -413,7 +500,7 @@ func convert(m jetstream.Msg) (source.Message, error) {
 		PublishedAt: md.Timestamp,
 		Attempt:     int(md.NumDelivered),
 		Ref:         m,
-	}, nil
+	}, md, nil
 }
 
 // Ack acknowledges every message. It does not wait for the server: the
