@@ -669,3 +669,67 @@ func TestMigrateUnderASchemaOnlyRole(t *testing.T) {
 }
 
 func randomName() string { return fmt.Sprintf("%08x", rand.Uint32()) }
+
+// TestUpgradedInboxHasTheShapeOfANewOne: a new inbox gets every column in
+// its CREATE TABLE, an old one gets the later columns from upgradeDDL. The
+// two must agree, column by column, or the runtime's SQL would work on one
+// and fail on the other.
+func TestUpgradedInboxHasTheShapeOfANewOne(t *testing.T) {
+	for _, layout := range layouts {
+		t.Run(string(layout), func(t *testing.T) {
+			ctx := context.Background()
+			pool, _ := pgtest.NewPool(t)
+			opts := []Option{WithOutbox(true), WithRedrives()}
+			fresh, err := New(pool, config.Sink{Schema: "fresh", InboxTable: "inbox_orders", Layout: layout}, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fresh.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			old := newStore(t, pool, layout, opts...)
+			if err := old.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Make it look like version 3: without what upgradeDDL and
+			// outboxUpgradeDDL add.
+			pgtest.Exec(t, pool,
+				`ALTER TABLE `+old.inbox+` DROP COLUMN fingerprint`,
+				`ALTER TABLE `+old.deadLetters+` DROP COLUMN reason_class`,
+				`ALTER TABLE `+old.pruneRuns+` DROP COLUMN window_cutoff, DROP COLUMN held_reason, DROP COLUMN held_since`,
+				`ALTER TABLE `+old.outbox+` DROP COLUMN headers, DROP COLUMN order_key, DROP COLUMN attempts, DROP COLUMN last_error`,
+				`UPDATE `+old.meta+` SET schema_version = 3`,
+			)
+			if err := old.Migrate(ctx); err != nil {
+				t.Fatalf("upgrading from version 3: %v", err)
+			}
+			want, got := columnsOf(t, pool, "fresh"), columnsOf(t, pool, "idc")
+			if len(want) == 0 {
+				t.Fatal("no columns read for the new inbox")
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("upgraded inbox columns differ from a new inbox's:\n got %v\nwant %v", got, want)
+			}
+		})
+	}
+}
+
+// columnsOf lists schema's columns as table.column type nullability
+// default, in a stable order.
+func columnsOf(t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+		FROM information_schema.columns WHERE table_schema = $1 ORDER BY table_name, column_name`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cols {
+		// Sequence defaults name the schema: nextval('idc.x_id_seq').
+		cols[i] = strings.ReplaceAll(c, "'"+schema+".", "'")
+	}
+	return cols
+}

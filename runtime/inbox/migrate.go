@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,13 +38,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 			}
 			return s.recordVersion(ctx, tx)
 		}
-		if err := execAll(ctx, tx, s.ddl()); err != nil {
-			return err
+		if st.fresh() {
+			// A new inbox: every table at its current shape and the version
+			// recorded, in one round trip.
+			stmts := append(s.ddl(), s.optionalDDL(st, false)...)
+			return execAll(ctx, tx, append(stmts, s.metaDDL(), s.insertVersion()))
 		}
-		if err := execAll(ctx, tx, s.optionalDDL(st, true)); err != nil {
-			return err
-		}
-		if err := execAll(ctx, tx, []string{s.metaDDL()}); err != nil {
+		stmts := append(s.ddl(), s.upgradeDDL()...)
+		stmts = append(stmts, s.optionalDDL(st, true)...)
+		if err := execAll(ctx, tx, append(stmts, s.metaDDL())); err != nil {
 			return err
 		}
 		return s.recordVersion(ctx, tx)
@@ -63,25 +66,30 @@ const tablesUnchangedSince = 5
 type inboxState struct {
 	version                int    // 0: not migrated
 	layout                 string // as recorded
+	hasInbox               bool   // the inbox table exists
+	hasMeta                bool   // the meta table exists
 	hasOutbox, hasRedrives bool
 }
+
+// fresh: nothing of the inbox exists yet (an inbox from before the meta
+// table has its inbox table).
+func (st inboxState) fresh() bool { return !st.hasMeta && !st.hasInbox }
 
 // readState reads the recorded version and layout and which optional
 // tables exist, in two queries at most.
 func (s *Store) readState(ctx context.Context, q Querier) (inboxState, error) {
 	var st inboxState
-	var hasMeta bool
-	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
-		s.meta, s.outbox, s.redrives).Scan(&hasMeta, &st.hasOutbox, &st.hasRedrives)
+	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL`,
+		s.meta, s.inbox, s.outbox, s.redrives).Scan(&st.hasMeta, &st.hasInbox, &st.hasOutbox, &st.hasRedrives)
 	if err != nil {
 		return st, fmt.Errorf("while looking for the inbox tables: %w", err)
 	}
-	if !hasMeta {
+	if !st.hasMeta {
 		return st, nil
 	}
 	err = q.QueryRow(ctx, `SELECT layout, schema_version FROM `+s.meta).Scan(&st.layout, &st.version)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return inboxState{hasOutbox: st.hasOutbox, hasRedrives: st.hasRedrives}, nil
+		return inboxState{hasMeta: true, hasInbox: st.hasInbox, hasOutbox: st.hasOutbox, hasRedrives: st.hasRedrives}, nil
 	}
 	if err != nil {
 		return st, fmt.Errorf("while reading the schema version: %w", err)
@@ -113,6 +121,9 @@ func (s *Store) optionalDDL(st inboxState, upgrading bool) []string {
 	var stmts []string
 	if s.opts.Outbox && !st.hasOutbox || upgrading && st.hasOutbox {
 		stmts = append(stmts, s.outboxDDL()...)
+	}
+	if upgrading && st.hasOutbox {
+		stmts = append(stmts, s.outboxUpgradeDDL()...)
 	}
 	if s.opts.Redrives && !st.hasRedrives || upgrading && st.hasRedrives {
 		stmts = append(stmts, s.redrivesDDL()...)
@@ -159,19 +170,17 @@ func (s *Store) ddl() []string {
 			message_id   text NOT NULL,
 			published_on date NOT NULL,
 			processed_at timestamptz NOT NULL DEFAULT now(),
+			fingerprint  bigint,
 			PRIMARY KEY (message_id, published_on)
 		) PARTITION BY RANGE (published_on)`)
 	} else {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.inbox+` (
 			message_id   text PRIMARY KEY,
-			processed_at timestamptz NOT NULL DEFAULT now()
+			processed_at timestamptz NOT NULL DEFAULT now(),
+			fingerprint  bigint
 		)`)
 	}
 	return append(stmts,
-		// Schema version 2: the payload fingerprint, NULL for ids claimed
-		// before (they never count as conflicts). A nullable column without
-		// a default is a catalog change only: no rewrite, no long lock.
-		`ALTER TABLE `+s.inbox+` ADD COLUMN IF NOT EXISTS fingerprint bigint`,
 		`CREATE TABLE IF NOT EXISTS `+s.idConflicts+` (
 			id                   bigserial PRIMARY KEY,
 			message_id           text NOT NULL,
@@ -194,6 +203,7 @@ func (s *Store) ddl() []string {
 			attempts     int,
 			published_at timestamptz,
 			dead_at      timestamptz NOT NULL DEFAULT now(),
+			reason_class text,
 			CONSTRAINT `+ident(DerivedName(n.DeadLetters, "_native_id_key"))+` UNIQUE (native_id)
 		)`,
 		`CREATE TABLE IF NOT EXISTS `+s.pruneRuns+` (
@@ -204,12 +214,11 @@ func (s *Store) ddl() []string {
 			rows_deleted       bigint NOT NULL DEFAULT 0,
 			partitions_dropped int NOT NULL DEFAULT 0,
 			window_seconds     bigint NOT NULL,
-			error              text
+			error              text,
+			window_cutoff      timestamptz,
+			held_reason        text,
+			held_since         timestamptz
 		)`,
-		// reason_class is the bounded class of the reason (the metric's
-		// label), which redrive --reason selects on; rows written before
-		// it existed have NULL there.
-		`ALTER TABLE `+s.deadLetters+` ADD COLUMN IF NOT EXISTS reason_class text`,
 		// Schema version 5: one row per runtime process (replica), written
 		// every few seconds, never per batch: when it last heartbeat, since
 		// when its oldest claim is committed but not yet acknowledged, and
@@ -243,12 +252,28 @@ func (s *Store) ddl() []string {
 			pending_since      timestamptz,
 			updated_at         timestamptz NOT NULL DEFAULT now()
 		)`,
+	)
+}
+
+// upgradeDDL adds the columns later schema versions gave tables that an
+// inbox older than version 5 created without them; ddl creates them with
+// every column. Nullable columns, or a constant default: catalog changes
+// only, no rewrite.
+func (s *Store) upgradeDDL() []string {
+	return []string{
+		// Version 2: the payload fingerprint, NULL for ids claimed before
+		// (they never count as conflicts).
+		`ALTER TABLE ` + s.inbox + ` ADD COLUMN IF NOT EXISTS fingerprint bigint`,
+		// reason_class is the bounded class of the reason (the metric's
+		// label), which redrive --reason selects on; rows written before
+		// it existed have NULL there.
+		`ALTER TABLE ` + s.deadLetters + ` ADD COLUMN IF NOT EXISTS reason_class text`,
 		// window_cutoff is now() - window; cutoff is lower when the
 		// consumer's progress held pruning back, held_reason says why.
-		`ALTER TABLE `+s.pruneRuns+` ADD COLUMN IF NOT EXISTS window_cutoff timestamptz,
+		`ALTER TABLE ` + s.pruneRuns + ` ADD COLUMN IF NOT EXISTS window_cutoff timestamptz,
 			ADD COLUMN IF NOT EXISTS held_reason text,
 			ADD COLUMN IF NOT EXISTS held_since timestamptz`,
-	)
+	}
 }
 
 // outboxDDL creates the transactional outbox (spec.emit, http delivery:
@@ -264,19 +289,25 @@ func (s *Store) outboxDDL() []string {
 			shard      smallint NOT NULL,
 			payload    bytea NOT NULL,
 			created_at timestamptz NOT NULL DEFAULT now(),
-			sent_at    timestamptz
+			sent_at    timestamptz,
+			headers    jsonb,
+			order_key  text,
+			attempts   int NOT NULL DEFAULT 0,
+			last_error text
 		)`,
 		`CREATE INDEX IF NOT EXISTS ` + ident(DerivedName(s.names.Outbox, "_unsent_idx")) +
 			` ON ` + s.outbox + ` (shard, id) WHERE sent_at IS NULL`,
-		// Schema version 4: per-event headers (emit.headers), the ordering
-		// key the http dispatcher groups calls by, and the attempts and last
-		// error of an event that keeps failing. A constant default and
-		// nullable columns are catalog changes only: no rewrite.
-		`ALTER TABLE ` + s.outbox + ` ADD COLUMN IF NOT EXISTS headers jsonb,
+	}
+}
+
+// outboxUpgradeDDL adds what schema version 4 gave the outbox: per-event
+// headers (emit.headers), the ordering key the http dispatcher groups calls
+// by, and the attempts and last error of an event that keeps failing.
+func (s *Store) outboxUpgradeDDL() []string {
+	return []string{`ALTER TABLE ` + s.outbox + ` ADD COLUMN IF NOT EXISTS headers jsonb,
 			ADD COLUMN IF NOT EXISTS order_key text,
 			ADD COLUMN IF NOT EXISTS attempts int NOT NULL DEFAULT 0,
-			ADD COLUMN IF NOT EXISTS last_error text`,
-	}
+			ADD COLUMN IF NOT EXISTS last_error text`}
 }
 
 // redrivesDDL creates the log of redrive outcomes, which the first redrive
@@ -306,6 +337,15 @@ func (s *Store) metaDDL() string {
 			migrated_at    timestamptz NOT NULL DEFAULT now()
 		)`
 }
+
+// insertVersion records the version and layout of a new inbox.
+func (s *Store) insertVersion() string {
+	return fmt.Sprintf(`INSERT INTO %s (schema_version, layout) VALUES (%d, %s)`, s.meta, SchemaVersion, literal(string(s.layout)))
+}
+
+// literal quotes s as an SQL string literal (standard_conforming_strings,
+// on since PostgreSQL 9.1: only the quote is special).
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func (s *Store) recordVersion(ctx context.Context, tx pgx.Tx) error {
 	var layout string

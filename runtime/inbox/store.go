@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -220,11 +221,15 @@ func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	})
 }
 
+// execAll runs the statements in one round trip (the simple query
+// protocol takes several at once), inside the caller's transaction. The
+// error is PostgreSQL's, which names the table or privilege at fault.
 func execAll(ctx context.Context, tx pgx.Tx, stmts []string) error {
-	for _, st := range stmts {
-		if _, err := tx.Exec(ctx, st); err != nil {
-			return fmt.Errorf("while running %q: %w", st, err)
-		}
+	if len(stmts) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, strings.Join(stmts, ";\n")); err != nil {
+		return fmt.Errorf("while running %d DDL statements: %w", len(stmts), err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -190,6 +191,7 @@ func BenchmarkController(b *testing.B) {
 	warmup := time.Since(warm)
 
 	b.ResetTimer()
+	cpuBefore := cpuShares(mgr.cmd.Process.Pid)
 	createdAt := make(map[string]time.Time, n)
 	start := time.Now()
 	for i := range n {
@@ -211,6 +213,7 @@ func BenchmarkController(b *testing.B) {
 			mgr.waitErr, time.Since(start).Round(time.Millisecond), ready.count(), n, mgr.logTail(40))
 	}
 	b.StopTimer()
+	cpuAfter := cpuShares(mgr.cmd.Process.Pid)
 	if ready.count() < n {
 		sum, _ := mgr.logSummary()
 		b.Fatalf("%d/%d IdempotentConsumers Ready after %s; the others, by Ready reason:%s\nmanager log: %s",
@@ -258,6 +261,7 @@ func BenchmarkController(b *testing.B) {
 	diag("creates: %d in %s; all Deployments seen at %s; all InboxReady at %s; all Ready at %s; manager VmHWM %.0f MiB, VmRSS %.0f MiB, CPU %.1fs",
 		n, createsDone.Round(time.Millisecond), sinceStart(deployments.last(), start), sinceStart(inboxReady.last(), start),
 		sinceStart(ready.last(), start), peak, current, cpu)
+	diag("CPU from the first create to the last Ready, per process (the machine has %d cores):%s", runtime.NumCPU(), cpuDelta(cpuBefore, cpuAfter))
 	diag("manager resident memory now: %.0f MiB anonymous (heap, stacks, runtime), %.0f MiB file-backed (the binary)", anon, file)
 	diag("create -> Ready per resource: p50 %s, p90 %s, max %s",
 		percentile(lat, 0.5).Round(time.Millisecond), percentile(lat, 0.9).Round(time.Millisecond), percentile(lat, 1).Round(time.Millisecond))
