@@ -106,6 +106,8 @@ type Reconciler struct {
 	opts     Options
 	readings *brokerReadings
 	applied  *appliedChildren
+	// secretMemo spares a Secret GET while its version is unchanged.
+	secretMemo secretMemo
 }
 
 // NewReconciler builds the reconciler from a manager.

@@ -47,6 +47,13 @@ type fakeSink struct {
 	dropErr   error
 	stored    *retention.Applied
 	released  []string
+	dsn       string // of the last Ensure
+}
+
+func (f *fakeSink) lastDSN() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dsn
 }
 
 func (f *fakeSink) called(name string) {
@@ -64,8 +71,11 @@ func (f *fakeSink) count(name string) int {
 	return f.calls[name]
 }
 
-func (f *fakeSink) Ensure(context.Context, sinkdb.Target) (int, error) {
+func (f *fakeSink) Ensure(_ context.Context, t sinkdb.Target) (int, error) {
 	f.called("Ensure")
+	f.mu.Lock()
+	f.dsn = t.DSN
+	f.mu.Unlock()
 	return inbox.SchemaVersion, f.ensureErr
 }
 func (f *fakeSink) Drop(context.Context, sinkdb.Target) error { f.called("Drop"); return f.dropErr }
@@ -146,7 +156,9 @@ type harness struct {
 	clk     *testclock.FakeClock
 	patches int
 	applies int
-	mu      sync.Mutex
+	// secretGets counts full Secret reads (not the cached metadata).
+	secretGets int
+	mu         sync.Mutex
 }
 
 const fakePeriod = 5 * time.Minute
@@ -188,6 +200,14 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		WithObjects(append([]client.Object{secret}, objs...)...).
 		WithStatusSubresource(&messagingv1alpha1.IdempotentConsumer{}).
 		WithInterceptorFuncs(interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if _, ok := obj.(*corev1.Secret); ok {
+					h.mu.Lock()
+					h.secretGets++
+					h.mu.Unlock()
+				}
+				return c.Get(ctx, key, obj, opts...)
+			},
 			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 				h.mu.Lock()
 				h.patches++
@@ -244,6 +264,16 @@ func conditionOf(idc *messagingv1alpha1.IdempotentConsumer, typ string) string {
 		return ""
 	}
 	return string(c.Status) + "/" + c.Reason
+}
+
+// deploymentSecretsHash is the consumer pods' rollout hash of the Secrets.
+func (h *harness) deploymentSecretsHash() string {
+	h.t.Helper()
+	var d appsv1.Deployment
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
+		h.t.Fatal(err)
+	}
+	return d.Spec.Template.Annotations[AnnotationSecretsHash]
 }
 
 // markAvailable plays the Deployment controller.
@@ -315,6 +345,67 @@ func TestSteadyStateWritesNothing(t *testing.T) {
 	h.pass()
 	if got := h.broker.readCount(); got != reads+2 {
 		t.Errorf("a source change was read %d times, want once", got-reads-1)
+	}
+}
+
+// A Secret is read in full once per version: passes while it is unchanged
+// take its data from the memo, a rotation is read at the next pass and
+// rolls the pods, and a Secret deleted is reported at once.
+func TestSecretIsReadOncePerVersion(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.pass()
+	h.markAvailable()
+	h.pass()
+	for range 3 {
+		h.clk.Step(fakePeriod)
+		h.pass()
+	}
+	h.mu.Lock()
+	gets := h.secretGets
+	h.mu.Unlock()
+	if gets != 1 {
+		t.Errorf("%d Secret GETs in 5 passes with the Secret unchanged, want 1", gets)
+	}
+	before := h.deploymentSecretsHash()
+
+	ctx := context.Background()
+	var sec corev1.Secret
+	if err := h.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "db"}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["dsn"] = []byte("postgres://db/rotated")
+	if err := h.c.Update(ctx, &sec); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	gets = h.secretGets // with the test's own read
+	h.mu.Unlock()
+	h.pass()
+	h.mu.Lock()
+	gets = h.secretGets - gets
+	h.mu.Unlock()
+	if gets != 1 {
+		t.Errorf("%d Secret GETs in the pass after a rotation, want 1", gets)
+	}
+	if got := h.sink.lastDSN(); got != "postgres://db/rotated" {
+		t.Errorf("the sink was reached with %q after the rotation, want the new value", got)
+	}
+	if after := h.deploymentSecretsHash(); after == before {
+		t.Errorf("the pods' secrets hash stayed %q after a rotation", after)
+	}
+
+	if err := h.c.Delete(ctx, &sec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Reconcile(ctx, reqFor("shop", "orders")); err == nil {
+		t.Fatal("a pass with the Secret deleted succeeded")
+	}
+	idc := &messagingv1alpha1.IdempotentConsumer{}
+	if err := h.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "orders"}, idc); err != nil {
+		t.Fatal(err)
+	}
+	if got := conditionOf(idc, messagingv1alpha1.ConditionReady); got != "False/"+messagingv1alpha1.ReasonSecretNotFound {
+		t.Errorf("with the Secret deleted, Ready = %s, want False/%s", got, messagingv1alpha1.ReasonSecretNotFound)
 	}
 }
 
