@@ -27,6 +27,14 @@ var crdOnlyDefaults = map[string]string{
 	"spec.retention.maxConsumerOutage": "the runtime reads it from the spec (zero would allow no outage)",
 	"spec.retention.safetyMargin":      "the runtime reads it from the spec (zero adds no margin)",
 	"spec.retention.prune.schedule":    "passed through to the prune CronJob",
+	// spec.runtime.autoscaling: passed through to KEDA's ScaledObject; the
+	// runtime config has no autoscaling.
+	"spec.runtime.autoscaling.minReplicas":            "passed through to the ScaledObject's minReplicaCount",
+	"spec.runtime.autoscaling.activationLag":          "passed through to the scaler's activation threshold",
+	"spec.runtime.autoscaling.pollingInterval":        "passed through to the ScaledObject",
+	"spec.runtime.autoscaling.cooldownPeriod":         "passed through to the ScaledObject",
+	"spec.runtime.autoscaling.scaleDownStabilization": "passed through to the HPA behavior of the ScaledObject",
+	"spec.runtime.autoscaling.natsAccount":            "passed through to the nats-jetstream scaler",
 }
 
 // TestCRDDefaultsMatchRuntimeConfig reads every default of the generated CRD

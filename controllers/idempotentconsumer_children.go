@@ -31,6 +31,14 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 	idc, rc := s.idc, s.rc
 	image := runtimeImageFor(idc, r.opts.RuntimeImage)
 	dep := renderDeployment(idc, rc, image, s.secrets.hash)
+	if a := autoscaled(idc); a != nil {
+		installed, err := r.opts.KEDA.Installed(ctx)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		s.kedaInstalled = installed
+		dep.Spec.Replicas = deploymentReplicas(idc, installed)
+	}
 	if !s.obs.effect.ok {
 		// Nothing may be fetched until the sink can take the effect.
 		dep.Spec.Replicas = ptr.To(int32(0))
@@ -55,6 +63,14 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 	idc.Status.Runtime = &messagingv1alpha1.RuntimeStatus{
 		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: selectorFor(idc),
 	}
+	if live.Spec.Replicas != nil {
+		s.liveReplicas = *live.Spec.Replicas
+	} else if dep.Spec.Replicas != nil {
+		s.liveReplicas = *dep.Spec.Replicas
+	}
+	if autoscaled(idc) == nil {
+		s.setScale(s.liveReplicas, scaleReasonDeclared(idc, s.obs.effect.ok))
+	}
 	s.obs.runtime = runtimeOutcome(idc, &live)
 	if !s.obs.effect.ok && !idc.Spec.Suspend {
 		s.obs.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect,
@@ -62,6 +78,32 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 	}
 	s.obs.prune = pruneOutcome(idc, s.window)
 	return ctrl.Result{}, nil
+}
+
+// deploymentReplicas is the replicas the Deployment is applied with under
+// autoscaling: none with KEDA installed (KEDA's HorizontalPodAutoscaler
+// owns the field; the controller's apply stops owning it), 0 while
+// suspended, else max(minReplicas, 1) without KEDA.
+func deploymentReplicas(idc *messagingv1alpha1.IdempotentConsumer, kedaInstalled bool) *int32 {
+	switch {
+	case idc.Spec.Suspend:
+		return ptr.To(int32(0))
+	case kedaInstalled:
+		return nil
+	default:
+		return ptr.To(replicasWithoutKEDA(autoscaled(idc)))
+	}
+}
+
+// scaleReasonDeclared is the status' scale reason without autoscaling.
+func scaleReasonDeclared(idc *messagingv1alpha1.IdempotentConsumer, effectOK bool) string {
+	switch {
+	case idc.Spec.Suspend:
+		return "spec.suspend: 0"
+	case !effectOK:
+		return "held at 0 until EffectReady is True"
+	}
+	return fmt.Sprintf("spec.runtime.replicas: %d", desiredReplicas(idc))
 }
 
 func runtimeOutcome(idc *messagingv1alpha1.IdempotentConsumer, d *appsv1.Deployment) outcome {

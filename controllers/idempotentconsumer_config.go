@@ -144,8 +144,14 @@ func configHash(cfg *config.Config) (string, error) {
 }
 
 // desiredReplicasDeclared is spec.runtime.replicas (1 when unset), also
-// while suspended: broker limits are sized for the declared scale.
+// while suspended: broker limits are sized for the declared scale. Under
+// autoscaling it is maxReplicas: the limits (JetStream MaxAckPending, the
+// BrokerLimits condition) must hold the most replicas KEDA may run, or a
+// scale-up walks into a consumer sized for fewer.
 func desiredReplicasDeclared(idc *messagingv1alpha1.IdempotentConsumer) int32 {
+	if a := idc.Spec.Runtime.Autoscaling; a != nil {
+		return max(a.MaxReplicas, 1)
+	}
 	if idc.Spec.Runtime.Replicas == nil || *idc.Spec.Runtime.Replicas < 1 {
 		return 1
 	}

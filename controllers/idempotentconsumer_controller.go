@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -85,6 +86,10 @@ type Options struct {
 	// is back is noticed within it (default 20s; each re-check comes at
 	// most this long after the last, jittered down by up to 10%).
 	RecheckPeriod time.Duration
+	// KEDA tells whether KEDA's API is served; defaults to discovery,
+	// asked again at most every KEDARecheck (default 1m).
+	KEDA        KEDADetector
+	KEDARecheck time.Duration
 	// DropTimeout bounds how long a deletion waits for a sink database
 	// that cannot be reached before it leaves the tables in place and lets
 	// the resource go (default 10m).
@@ -132,6 +137,12 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 	}
 	if opts.DropTimeout <= 0 {
 		opts.DropTimeout = 10 * time.Minute
+	}
+	if opts.KEDARecheck <= 0 {
+		opts.KEDARecheck = time.Minute
+	}
+	if opts.KEDA == nil {
+		opts.KEDA = NewDiscoveryKEDA(discovery.NewDiscoveryClientForConfigOrDie(mgr.GetConfig()), opts.Clock, opts.KEDARecheck)
 	}
 	return &Reconciler{
 		client:   mgr.GetClient(),

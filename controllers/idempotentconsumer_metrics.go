@@ -29,7 +29,7 @@ var (
 		"One series per IdempotentConsumer and status condition, always 1, with the condition's status (True, False, Unknown) and reason.",
 		append(resourceLabels, "condition", "status", "reason"), nil)
 	descReplicasDesired = prometheus.NewDesc("idc_resource_replicas_desired",
-		"Replicas the IdempotentConsumer declares (spec.runtime.replicas; 0 while spec.suspend). The Deployment is held at 0 while EffectReady is False.",
+		"Replicas the IdempotentConsumer declares (spec.runtime.replicas; 0 while spec.suspend), or under spec.runtime.autoscaling the Deployment's count as KEDA set it (status.runtime.desiredReplicas). The Deployment is held at 0 while EffectReady is False.",
 		resourceLabels, nil)
 	descReplicas = prometheus.NewDesc("idc_resource_replicas",
 		"Replicas of the consumer Deployment (status.runtime.replicas).", resourceLabels, nil)
@@ -114,7 +114,11 @@ func collectResource(ch chan<- prometheus.Metric, idc *messagingv1alpha1.Idempot
 	for _, c := range idc.Status.Conditions {
 		gauge(descCondition, 1, c.Type, string(c.Status), c.Reason)
 	}
-	gauge(descReplicasDesired, float64(desiredReplicas(idc)))
+	desired := desiredReplicas(idc)
+	if rt := idc.Status.Runtime; idc.Spec.Runtime.Autoscaling != nil && rt != nil && rt.DesiredReplicas != nil {
+		desired = *rt.DesiredReplicas
+	}
+	gauge(descReplicasDesired, float64(desired))
 	if rt := idc.Status.Runtime; rt != nil {
 		gauge(descReplicas, float64(rt.Replicas))
 		gauge(descReplicasReady, float64(rt.ReadyReplicas))

@@ -46,6 +46,9 @@ type observation struct {
 	prune     outcome
 	// brokerLimits is the BrokerLimits condition; it never blocks Ready.
 	brokerLimits outcome
+	// autoscaling is the Autoscaling condition (only with
+	// spec.runtime.autoscaling); it never blocks Ready.
+	autoscaling outcome
 	// warning is added to the Ready condition's message (a spec that
 	// turns TLS certificate verification off).
 	warning string
@@ -99,6 +102,11 @@ func setConditions(idc *messagingv1alpha1.IdempotentConsumer, o *observation) {
 	// Unknown, never False, until the broker was read: False means a limit
 	// was seen too small (and emits a Warning event).
 	setCondition(idc, messagingv1alpha1.ConditionBrokerLimits, o.brokerLimits, outcome{})
+	if idc.Spec.Runtime.Autoscaling != nil {
+		setCondition(idc, messagingv1alpha1.ConditionAutoscaling, o.autoscaling, b)
+	} else {
+		meta.RemoveStatusCondition(&idc.Status.Conditions, messagingv1alpha1.ConditionAutoscaling)
+	}
 
 	ready := summarize(o)
 	if o.warning != "" {

@@ -38,6 +38,12 @@ type scope struct {
 	window time.Duration
 	obs    observation
 	halted bool
+	// kedaInstalled: KEDA's API is served (asked only for a resource that
+	// autoscales).
+	kedaInstalled bool
+	// liveReplicas is the consumer Deployment's spec.replicas as read
+	// back, whoever set it.
+	liveReplicas int32
 }
 
 func newScope(idc *messagingv1alpha1.IdempotentConsumer) *scope {
@@ -78,6 +84,7 @@ func (r *Reconciler) phases() []phase {
 		{"broker", r.brokerPhase},
 		{"retention", r.retentionPhase},
 		{"children", r.childrenPhase},
+		{"autoscaling", r.autoscalingPhase},
 		{"workload", r.workloadPhase},
 		{"last-prune", r.lastPrunePhase},
 		{"outbox", r.outboxPhase},
@@ -225,7 +232,25 @@ var transitionEvents = []struct {
 	{messagingv1alpha1.ConditionBrokerLimits, metav1.ConditionFalse, corev1.EventTypeWarning, messagingv1alpha1.ReasonBrokerLimitTooSmall},
 }
 
+// scaleEvent says, as an event, that the consumer's replica count moved
+// while it autoscales (KEDA's decision, seen on the Deployment).
+func (r *Reconciler) scaleEvent(before, after *messagingv1alpha1.IdempotentConsumer) {
+	if after.Spec.Runtime.Autoscaling == nil || before.Status.Runtime == nil || after.Status.Runtime == nil {
+		return
+	}
+	was, now := before.Status.Runtime.DesiredReplicas, after.Status.Runtime.DesiredReplicas
+	if was == nil || now == nil || *was == *now {
+		return
+	}
+	reason := "ScaledUp"
+	if *now < *was {
+		reason = "ScaledDown"
+	}
+	r.recorder.Eventf(after, nil, corev1.EventTypeNormal, reason, "Scale", "replicas %d -> %d (%s)", *was, *now, after.Status.Runtime.ScaleReason)
+}
+
 func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.IdempotentConsumer) {
+	r.scaleEvent(before, after)
 	// A sink fault that stalls moves EffectReady and Stalled at once, with
 	// the same reason and message: one event says it.
 	emitted := map[string]bool{}

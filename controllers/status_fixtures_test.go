@@ -43,6 +43,8 @@ type fixtureScenario struct {
 	// controller has not observed it yet.
 	specEdited bool
 	suspend    bool
+	// autoscale sets spec.runtime.autoscaling (the Autoscaling condition).
+	autoscale bool
 }
 
 func fixtureScenarios() []fixtureScenario {
@@ -86,6 +88,15 @@ func fixtureScenarios() []fixtureScenario {
 		})},
 		{name: "ready-broker-limit-too-small", obs: ready(func(o *observation) {
 			o.brokerLimits = failed(messagingv1alpha1.ReasonBrokerLimitTooSmall, "JetStream consumer orders-projector on stream ORDERS has MaxAckPending=100, below replicas (2) x batchSize (500) x inFlight (2) = 2000, so replicas wait for acknowledgements instead of fetching; raise it (nats consumer edit ORDERS orders-projector --max-pending 8000) or delete the consumer so the runtime creates one sized for the declared scale")
+		})},
+		{name: "ready-autoscaled-by-keda", autoscale: true, obs: ready(func(o *observation) {
+			o.autoscaling = ok(messagingv1alpha1.ReasonScaledByKEDA, "KEDA scales the Deployment between 1 and 8 replicas at 1000 backlog per replica")
+		})},
+		{name: "ready-keda-not-installed", autoscale: true, obs: ready(func(o *observation) {
+			o.autoscaling = failed(messagingv1alpha1.ReasonKEDANotInstalled, "spec.runtime.autoscaling is set but KEDA is not installed (no keda.sh/v1alpha1 ScaledObject in the API): the Deployment runs a fixed 1 replica(s) (minReplicas, at least 1) until KEDA is installed")
+		})},
+		{name: "ready-scaledobject-not-ready", autoscale: true, obs: ready(func(o *observation) {
+			o.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA: Triggers defined in ScaledObject are not working correctly")
 		})},
 		{name: "suspended", suspend: true, obs: ready(func(o *observation) {
 			o.runtime = ok(messagingv1alpha1.ReasonSuspended, "spec.suspend is true: the runtime is scaled to 0 replicas")
@@ -172,6 +183,11 @@ func renderFixture(t *testing.T, s fixtureScenario) *messagingv1alpha1.Idempoten
 	}
 	idc.Namespace, idc.Generation, idc.CreationTimestamp = "default", 2, fixtureTime
 	idc.Spec.Suspend = s.suspend
+	if s.autoscale {
+		idc.Spec.Runtime.Replicas = nil
+		idc.Spec.Runtime.Autoscaling = &messagingv1alpha1.AutoscalingSpec{MaxReplicas: 8, PollingInterval: "30s",
+			CooldownPeriod: "5m", ScaleDownStabilization: "5m", NATSAccount: "$G"}
+	}
 	if s.obs == nil {
 		idc.Generation = 1
 		return idc

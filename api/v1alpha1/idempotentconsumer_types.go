@@ -134,6 +134,7 @@ type ValueExpression string
 type JSONPath string
 
 // RuntimeSpec configures the consumer Deployment.
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || !has(self.replicas) || self.replicas == 1",message="replicas and autoscaling exclude each other: with autoscaling, KEDA sets the replicas between autoscaling.minReplicas and autoscaling.maxReplicas; leave replicas unset",fieldPath=".replicas"
 type RuntimeSpec struct {
 	// image of the runtime. Defaults to the operator's own runtime image.
 	// +kubebuilder:validation:MaxLength=512
@@ -199,6 +200,11 @@ type RuntimeSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	// +optional
 	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// autoscaling scales the consumer on the broker's backlog with KEDA
+	// (between minReplicas and maxReplicas) instead of a fixed replicas
+	// count: replicas must then be left at its default (1).
+	// +optional
+	Autoscaling *AutoscalingSpec `json:"autoscaling,omitempty"`
 }
 
 // +kubebuilder:object:root=true

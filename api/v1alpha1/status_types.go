@@ -95,6 +95,19 @@ const (
 	ReasonBrokerLimitTooSmall = "BrokerLimitTooSmall"
 )
 
+// The Autoscaling condition, present only while spec.runtime.autoscaling is
+// set: True with reason ScaledByKEDA when KEDA reports the ScaledObject
+// Ready; False with KEDANotInstalled (the Deployment runs
+// max(minReplicas, 1) replicas), ScaledObjectNotReady (KEDA's own message)
+// or InvalidSpec (a source KEDA's scaler cannot be given). It does not make
+// the resource unready: the consumer works at a fixed scale.
+const (
+	ConditionAutoscaling       = "Autoscaling"
+	ReasonScaledByKEDA         = "ScaledByKEDA"
+	ReasonKEDANotInstalled     = "KEDANotInstalled"
+	ReasonScaledObjectNotReady = "ScaledObjectNotReady"
+)
+
 // Guarantee is what the consumer promises for its effect.
 // +kubebuilder:validation:Enum=ExactlyOnceEffect;AtLeastOnceWithIdempotencyKey
 type Guarantee string
@@ -233,6 +246,18 @@ type RuntimeStatus struct {
 	// selector of the pods, for /scale and HPA.
 	// +optional
 	Selector string `json:"selector,omitempty"`
+	// desiredReplicas is the Deployment's replica count as last read:
+	// spec.runtime.replicas, or what KEDA decided under autoscaling.
+	// +optional
+	DesiredReplicas *int32 `json:"desiredReplicas,omitempty"`
+	// scaleReason says who sets the replicas and why (spec.runtime.replicas;
+	// KEDA with the backlog per replica it read; KEDA not installed).
+	// +optional
+	ScaleReason string `json:"scaleReason,omitempty"`
+	// scaledObject is the KEDA ScaledObject that scales the Deployment,
+	// while spec.runtime.autoscaling is set and KEDA is installed.
+	// +optional
+	ScaledObject string `json:"scaledObject,omitempty"`
 }
 
 // PruneRunStatus is one prune run.

@@ -5,6 +5,7 @@
 package testenv
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -49,4 +50,27 @@ func New() (*envtest.Environment, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}, nil
+}
+
+// KEDAVersion is the KEDA release whose CRDs the envtest suites install
+// and whose operator make keda runs (hack/keda/go.mod pins it).
+const KEDAVersion = "v2.21.0"
+
+// KEDACRDs is the directory of KEDA's own CRDs (config/crd/bases) in the Go
+// module cache, downloaded through the module proxy when missing: the
+// envtest suites install them unchanged, so what the controller renders is
+// checked against KEDA's real schema.
+func KEDACRDs() (string, error) {
+	cmd := exec.Command("go", "mod", "download", "-json", "github.com/kedacore/keda/v2@"+KEDAVersion)
+	cmd.Dir = filepath.Join(RepoRoot(), "hack", "keda")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("downloading KEDA %s's module for its CRDs: %w", KEDAVersion, err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		return "", fmt.Errorf("reading the KEDA module's directory from go mod download (%s): %v", out, err)
+	}
+	return filepath.Join(mod.Dir, "config", "crd", "bases"), nil
 }
