@@ -282,6 +282,12 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 			return nil, err
 		}
 		if len(msgs) > 0 {
+			if !s.fixed && !s.aheadOpen && s.ahead == nil && len(msgs) < maxN {
+				msgs, err = s.topUp(ctx, msgs, maxN)
+				if err != nil {
+					return nil, err
+				}
+			}
 			if s.ahead == nil {
 				s.requestAhead(maxN)
 			}
@@ -310,6 +316,32 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 		}
 		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, true, 0
 	}
+}
+
+// topUp adds to a part batch what is available now. The request ahead
+// holds what was there when it was sent, as the previous Fetch returned;
+// while the caller committed, more may have arrived: with batching
+// Adaptive those join this batch (one more no-wait request) instead of
+// waiting for the next one, so a busy pipeline commits what accumulated
+// in one transaction, as a group commit does.
+func (s *Source) topUp(ctx context.Context, msgs []source.Message, maxN int) ([]source.Message, error) {
+	batch, err := s.consumer.FetchNoWait(maxN - len(msgs))
+	if err != nil {
+		return msgs, nil // the next Fetch sends its own request and reports it
+	}
+	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN-len(msgs), false, 0
+	more, ended, err := s.collect(ctx, maxN-len(msgs))
+	if err != nil {
+		// The part batch in hand is good; what the top-up delivered is
+		// redelivered after AckWait.
+		s.ahead = nil
+		s.log.Error(err, "JetStream top-up request failed after a part batch", "messages", len(msgs))
+		return msgs, nil
+	}
+	if ended {
+		s.ahead = nil
+	}
+	return append(msgs, more...), nil
 }
 
 // requestAhead sends the no-wait pull request of the next Fetch. An error
