@@ -200,7 +200,7 @@ func (u *upsertEffect) setSequence(cfg *config.Upsert, entity *config.Entity) er
 }
 
 func upsertStatement(rb rowBuilder, table string, key []string, seqCol string) string {
-	return upsertInsert(rb, table, `jsonb_populate_recordset(NULL::`+table+`, $1::jsonb)`, key, seqCol) + ` RETURNING 1`
+	return upsertInsert(rb, table, `jsonb_populate_recordset(NULL::`+table+`, $1::jsonb) WITH ORDINALITY`, key, seqCol) + ` RETURNING 1`
 }
 
 // changesStatement is the upsert that also reports which rows it wrote: it
@@ -246,6 +246,9 @@ func upsertInsert(rb rowBuilder, table, from string, key []string, seqCol string
 		stmt += ` WHERE NOT EXISTS (SELECT 1 FROM ` + table + ` AS old WHERE ` + strings.Join(match, ` AND `) +
 			` AND old.` + s + ` >= src.` + s + `)`
 	}
+	// The rows are written (and their locks taken) in the batch's sorted
+	// key order whatever join the planner picks for the filter above.
+	stmt += ` ORDER BY src.ordinality`
 	stmt += ` ON CONFLICT (` + strings.Join(keys, ", ") + `) `
 	if len(sets) == 0 {
 		return stmt + `DO NOTHING`

@@ -185,9 +185,26 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			printCPU(r)
 			continue
 		}
-		// <replicas>x<batch>[:NAME=VALUE] (an environment variable for
-		// the replicas, e.g. 2x500:GOGC=100).
+		// <replicas>x<batch>[@base][:NAME=VALUE]: @base runs the binary
+		// IDC_BENCH_BASELINE_BIN names (an earlier build, for a before /
+		// after in one run); NAME=VALUE is an environment variable for the
+		// replicas, e.g. 2x500:GOGC=100.
 		spec, env, _ := strings.Cut(strings.TrimSpace(item), ":")
+		spec, base := strings.CutSuffix(spec, "@base")
+		if base {
+			bin := os.Getenv(baselineEnv)
+			if bin == "" {
+				b.Fatalf("%s: %q needs %s", rowsEnv, item, baselineEnv)
+			}
+			saved := t.bin
+			t.bin = bin
+			r := t.runJetStreamEnv(b, 0, 0, "", "@"+spec)
+			t.bin = saved
+			r.name += "_baseline"
+			printRow(r)
+			printCPU(r)
+			continue
+		}
 		var replicas, batch int
 		if _, err := fmt.Sscanf(spec, "%dx%d", &replicas, &batch); err != nil || replicas < 1 || batch < 1 {
 			b.Fatalf("%s: %q is not <replicas>x<batch>[:NAME=VALUE]", rowsEnv, item)
@@ -671,8 +688,19 @@ func (t *throughputEnv) runJetStreamWith(b *testing.B, replicas, batch int, batc
 	return t.runJetStreamEnv(b, replicas, batch, batching)
 }
 
+// baselineEnv names an earlier idc-runtime binary for @base rows.
+const baselineEnv = "IDC_BENCH_BASELINE_BIN"
+
 func (t *throughputEnv) runJetStreamEnv(b *testing.B, replicas, batch int, batching config.Batching, env ...string) row {
 	b.Helper()
+	if len(env) == 1 && strings.HasPrefix(env[0], "@") {
+		// A baseline row: "@<replicas>x<batch>", the config without the
+		// fields the earlier binary does not know.
+		if _, err := fmt.Sscanf(env[0], "@%dx%d", &replicas, &batch); err != nil {
+			b.Fatal(err)
+		}
+		env = nil
+	}
 	stream := t.jetStreamStream(b)
 	schema := t.schema(b)
 	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batch)
