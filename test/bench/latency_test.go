@@ -226,7 +226,11 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 		}
 	}
 	w := windowEnd.Sub(windowStart).Seconds()
-	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: cfg.Delivery.Batching, load: load,
+	batching := cfg.Delivery.Batching
+	if batching == "" {
+		batching = config.BatchingAdaptive // the runtime's default
+	}
+	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: batching, load: load,
 		offered: float64(measured) / w, achieved: float64(inWindow) / w, msgs: len(lat),
 		p50: quantile(lat, 0.50), p99: quantile(lat, 0.99), p999: quantile(lat, 0.999), maxLat: lat[len(lat)-1], cpu: cpu,
 		txs: txEnd - txStart}

@@ -38,6 +38,11 @@ type Source struct {
 	aheadOpen bool
 	// aheadTaken is how many messages of the open request were taken.
 	aheadTaken int
+	// lastPending is what the last message collect took reported pending
+	// on the server after it: 0 means the request got everything there
+	// was, more means it was cut short (MaxAckPending), and then a top-up
+	// request would get nothing either.
+	lastPending uint64
 	// fixed is batching Fixed: an idle Fetch waits for a whole batch.
 	fixed bool
 }
@@ -282,7 +287,7 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 			return nil, err
 		}
 		if len(msgs) > 0 {
-			if !s.fixed && !s.aheadOpen && s.ahead == nil && len(msgs) < maxN {
+			if !s.fixed && !s.aheadOpen && s.ahead == nil && len(msgs) < maxN && s.lastPending == 0 {
 				msgs, err = s.topUp(ctx, msgs, maxN)
 				if err != nil {
 					return nil, err
@@ -459,10 +464,11 @@ func (s *Source) collect(ctx context.Context, maxN int) ([]source.Message, bool,
 				msgs, err := s.finish(msgs, batch.Error())
 				return msgs, true, err
 			}
-			msg, err := convert(m)
+			msg, md, err := convertMeta(m)
 			if err != nil {
 				return nil, true, err
 			}
+			s.lastPending = md.NumPending
 			msgs = append(msgs, msg)
 			if !quiet.Stop() {
 				<-quiet.C
