@@ -200,7 +200,7 @@ func (u *upsertEffect) setSequence(cfg *config.Upsert, entity *config.Entity) er
 }
 
 func upsertStatement(rb rowBuilder, table string, key []string, seqCol string) string {
-	return upsertInsert(rb, table, `jsonb_populate_recordset(NULL::`+table+`, $1::jsonb) WITH ORDINALITY`, key, seqCol) + ` RETURNING 1`
+	return upsertInsert(rb, table, `jsonb_populate_recordset(NULL::`+table+`, $1::jsonb)`, key, seqCol) + ` RETURNING 1`
 }
 
 // changesStatement is the upsert that also reports which rows it wrote: it
@@ -229,27 +229,8 @@ func upsertInsert(rb rowBuilder, table, from string, key []string, seqCol string
 			sets = append(sets, ident(c.name)+" = EXCLUDED."+ident(c.name))
 		}
 	}
-	stmt := `INSERT INTO ` + table + ` AS cur (` + cols + `) SELECT ` + cols + ` FROM ` + from + ` AS src`
-	if seqCol != "" && len(sets) > 0 {
-		// Rows the committed state already refuses (a stored sequence
-		// as high or higher) are left out before they take a row lock:
-		// ON CONFLICT DO UPDATE locks the conflicting row even when its
-		// WHERE then refuses the update, so a stale row made concurrent
-		// replicas wait on each other for nothing. This read does not
-		// lock; a newer version committed after it is still refused by
-		// the gate below.
-		s := ident(seqCol)
-		match := make([]string, len(keys))
-		for i, k := range keys {
-			match[i] = `old.` + k + ` = src.` + k
-		}
-		stmt += ` WHERE NOT EXISTS (SELECT 1 FROM ` + table + ` AS old WHERE ` + strings.Join(match, ` AND `) +
-			` AND old.` + s + ` >= src.` + s + `)`
-	}
-	// The rows are written (and their locks taken) in the batch's sorted
-	// key order whatever join the planner picks for the filter above.
-	stmt += ` ORDER BY src.ordinality`
-	stmt += ` ON CONFLICT (` + strings.Join(keys, ", ") + `) `
+	stmt := `INSERT INTO ` + table + ` AS cur (` + cols + `) SELECT ` + cols +
+		` FROM ` + from + ` ON CONFLICT (` + strings.Join(keys, ", ") + `) `
 	if len(sets) == 0 {
 		return stmt + `DO NOTHING`
 	}
