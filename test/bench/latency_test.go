@@ -80,6 +80,7 @@ type latencyRow struct {
 	maxLat          time.Duration
 	cpu             *cpuUse
 	txs             int // the replicas' transactions in the window
+	slowCommits     int // of them, COMMITs that took more than 256 ms
 	note            string
 }
 
@@ -95,7 +96,7 @@ func printLatency(r latencyRow) {
 		cpu = fmt.Sprintf(" cores_busy=%.2f idc_runtime_cores=%.2f", total.Seconds()/r.cpu.wall.Seconds(), r.cpu.runtime.Seconds()/r.cpu.wall.Seconds())
 	}
 	if r.txs > 0 {
-		cpu += fmt.Sprintf(" txs=%d msgs_per_tx=%.1f", r.txs, r.achieved*r.cpu.wall.Seconds()/float64(r.txs))
+		cpu += fmt.Sprintf(" txs=%d msgs_per_tx=%.1f commits_over_256ms=%d", r.txs, r.achieved*r.cpu.wall.Seconds()/float64(r.txs), r.slowCommits)
 	}
 	fmt.Printf("LATENCY row=%s replicas=%d batch=%d batching=%s load=%.2f offered_msgs_per_s=%.0f achieved_msgs_per_s=%.0f msgs=%d p50_ms=%s p99_ms=%s p999_ms=%s max_ms=%s%s%s\n",
 		r.name, r.replicas, r.batch, strings.ToLower(string(r.batching)), r.load, r.offered, r.achieved, r.msgs,
@@ -129,7 +130,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	start := time.Now()
 	var windowStart, windowEnd time.Time
 	var cpuStart cpuSnapshot
-	var txStart int
+	var txStart, slowStart int
 	sent := 0
 	for sent < total {
 		due := min(total, int(rate*time.Since(start).Seconds())+1)
@@ -146,12 +147,14 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 			windowStart = time.Now()
 			cpuStart = takeCPU(rs.pids()...)
 			txStart, _ = rs.commits()
+			slowStart = rs.slowCommits()
 		}
 		time.Sleep(time.Millisecond)
 	}
 	windowEnd = time.Now()
 	cpu := cpuSince(cpuStart, rs.pids()...)
 	txEnd, _ := rs.commits()
+	slow := rs.slowCommits() - slowStart
 	// Wait until every message is claimed (and so committed).
 	deadline := time.Now().Add(rowTimeout)
 	for {
@@ -233,7 +236,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: batching, load: load,
 		offered: float64(measured) / w, achieved: float64(inWindow) / w, msgs: len(lat),
 		p50: quantile(lat, 0.50), p99: quantile(lat, 0.99), p999: quantile(lat, 0.999), maxLat: lat[len(lat)-1], cpu: cpu,
-		txs: txEnd - txStart}
+		txs: txEnd - txStart, slowCommits: slow}
 }
 
 // quantile of sorted durations (nearest rank).
@@ -537,4 +540,15 @@ func (rs *replicaSet) waitReady(b *testing.B) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// slowCommits sums the replicas' COMMITs that took more than 256 ms (the
+// idc_commit_duration_seconds buckets): a stalled WAL flush shows there,
+// and in every message's latency behind it.
+func (rs *replicaSet) slowCommits() int {
+	n := 0
+	for _, u := range rs.metrics {
+		n += scrapeCounter(u, "idc_commit_duration_seconds_count") - scrapeCounter(u, `idc_commit_duration_seconds_bucket{le="0.256"}`)
+	}
+	return n
 }
