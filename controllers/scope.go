@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -254,6 +256,12 @@ func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.Idempotent
 	// A sink fault that stalls moves EffectReady and Stalled at once, with
 	// the same reason and message: one event says it.
 	emitted := map[string]bool{}
+	// A resource's first status (no conditions yet) turns several
+	// conditions True at once: one Normal event names them all, instead of
+	// one event each (creating 1,000 resources posted 4,000 events).
+	first := len(before.Status.Conditions) == 0
+	var firstReason string
+	var firstNotes []string
 	for _, t := range transitionEvents {
 		now := meta.FindStatusCondition(after.Status.Conditions, t.condition)
 		if now == nil || now.Status != t.status {
@@ -270,8 +278,35 @@ func (r *Reconciler) emitTransitions(before, after *messagingv1alpha1.Idempotent
 			continue
 		}
 		emitted[t.eventType+"/"+reason] = true
+		if first && t.eventType == corev1.EventTypeNormal {
+			if firstReason == "" {
+				firstReason = reason
+			}
+			firstNotes = append(firstNotes, t.condition+": "+now.Message)
+			continue
+		}
 		r.recorder.Eventf(after, nil, t.eventType, reason, t.condition, "%s", now.Message)
 	}
+	if firstReason != "" {
+		r.recorder.Eventf(after, nil, corev1.EventTypeNormal, firstReason, "Reconcile", "%s", truncateNote(strings.Join(firstNotes, "; ")))
+	}
+}
+
+// maxNote is the events.k8s.io limit on an event's note, in bytes: a
+// longer one is refused by the API server.
+const maxNote = 1024
+
+// truncateNote cuts a note to maxNote bytes on a rune boundary, with an
+// ellipsis.
+func truncateNote(note string) string {
+	if len(note) <= maxNote {
+		return note
+	}
+	cut := maxNote - len("…")
+	for cut > 0 && !utf8.RuneStart(note[cut]) {
+		cut--
+	}
+	return note[:cut] + "…"
 }
 
 func sourceSummary(idc *messagingv1alpha1.IdempotentConsumer) string {
