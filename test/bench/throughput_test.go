@@ -178,6 +178,17 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			t.latencyRows(b, r.rate(), 0, 0, 0)
 			continue
 		}
+		if strings.TrimSpace(item) == "rabbitmq" {
+			// RabbitMQ alone and RabbitMQ -> upsert, with their ratio.
+			alone := t.rabbitAlone(b, 2)
+			printRow(alone)
+			printCPU(alone)
+			r := t.runRabbitMQ(b, 2, 500)
+			printRow(r)
+			printCPU(r)
+			fmt.Printf("RATIO rabbitmq_upsert_vs_alone=%.2f\n", r.rate()/alone.rate())
+			continue
+		}
 		if strings.TrimSpace(item) == "fixed" {
 			r := t.runJetStreamWith(b, 2, 500, config.BatchingFixed)
 			r.name = "jetstream_upsert_fixed"
