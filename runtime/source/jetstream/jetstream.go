@@ -275,9 +275,19 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 		var msgs []source.Message
 		var ended, timedOut bool
 		var err error
-		if s.aheadOpen {
+		switch {
+		case s.aheadOpen || !s.fixed:
+			// Adaptive: what the request has delivered and what the server
+			// says is pending behind it, not what arrives later. (A
+			// no-wait request for which messages were pending when it
+			// arrived stays open on the server and keeps taking new ones
+			// until its batch is full: at 10% load collecting it to its
+			// end held a fetch for up to 0.9 s.)
 			msgs, ended, timedOut, err = s.take(ctx, maxN, wait.C)
-		} else {
+			if !ended {
+				s.aheadOpen = true
+			}
+		default:
 			msgs, ended, err = s.collect(ctx, maxN)
 		}
 		if err != nil || ended {
@@ -287,7 +297,7 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 			return nil, err
 		}
 		if len(msgs) > 0 {
-			if !s.fixed && !s.aheadOpen && s.ahead == nil && len(msgs) < maxN && s.lastPending == 0 {
+			if !s.fixed && s.ahead == nil && len(msgs) < maxN && s.lastPending == 0 {
 				msgs, err = s.topUp(ctx, msgs, maxN)
 				if err != nil {
 					return nil, err
@@ -335,7 +345,12 @@ func (s *Source) topUp(ctx context.Context, msgs []source.Message, maxN int) ([]
 		return msgs, nil // the next Fetch sends its own request and reports it
 	}
 	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN-len(msgs), false, 0
-	more, ended, err := s.collect(ctx, maxN-len(msgs))
+	quiet := time.NewTimer(noWaitStall)
+	defer quiet.Stop()
+	more, ended, _, err := s.take(ctx, maxN-len(msgs), quiet.C)
+	if !ended {
+		s.aheadOpen = true // the next Fetch takes what it still delivers
+	}
 	if err != nil {
 		// The part batch in hand is good; what the top-up delivered is
 		// redelivered after AckWait.
@@ -426,6 +441,7 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msg
 			return nil, true, false, err
 		}
 		pending = md.NumPending
+		s.lastPending = pending
 		s.aheadTaken++
 		if msgs == nil {
 			msgs = make([]source.Message, 0, maxN)
