@@ -395,6 +395,7 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msg
 		}
 	}()
 	pending := uint64(0)
+	want := 0
 	for len(msgs) < maxN {
 		if s.aheadTaken >= s.aheadN {
 			// Every message the request asked for was taken: it is
@@ -417,8 +418,12 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msg
 			select {
 			case m, ok = <-batch.Messages():
 			default:
-				if pending == 0 {
-					return msgs, false, false, nil // what has arrived; nothing more is waiting
+				if pending == 0 || len(msgs) >= want {
+					// What has arrived, and the backlog there was when
+					// this take began; later arrivals are not waited for
+					// (a steady stream would otherwise keep one take
+					// going until its batch is full).
+					return msgs, false, false, nil
 				}
 				if gap == nil {
 					gap = time.NewTimer(fillGap)
@@ -443,6 +448,10 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msg
 		pending = md.NumPending
 		s.lastPending = pending
 		s.aheadTaken++
+		if len(msgs) == 0 {
+			// The first message says how many were waiting behind it.
+			want = int(min(uint64(maxN), 1+pending))
+		}
 		if msgs == nil {
 			msgs = make([]source.Message, 0, maxN)
 		}
