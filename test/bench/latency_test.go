@@ -172,6 +172,13 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	}
 	commits := listener.stop(b, total)
 	rs.stop()
+	if dir := os.Getenv("IDC_BENCH_LATENCY_DUMP"); dir != "" {
+		for i, l := range rs.logs { // the replicas' logs beside the dump
+			if data, err := os.ReadFile(l); err == nil {
+				_ = os.WriteFile(fmt.Sprintf("%s/%s-%s-%.2f-r%d.log", dir, name, strings.ToLower(string(cfg.Delivery.Batching)), load, i), data, 0o600)
+			}
+		}
+	}
 	rows, err := t.pool.Query(ctx, "SELECT message_id, xmin::text::bigint FROM "+schema+".inbox")
 	if err != nil {
 		b.Fatal(err)
