@@ -283,7 +283,7 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 			// arrived stays open on the server and keeps taking new ones
 			// until its batch is full: at 10% load collecting it to its
 			// end held a fetch for up to 0.9 s.)
-			msgs, ended, timedOut, err = s.take(ctx, maxN, wait.C)
+			msgs, ended, timedOut, err = s.take(ctx, maxN, wait.C, maxWait)
 			if !ended {
 				s.aheadOpen = true
 			}
@@ -347,7 +347,7 @@ func (s *Source) topUp(ctx context.Context, msgs []source.Message, maxN int) ([]
 	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN-len(msgs), false, 0
 	quiet := time.NewTimer(noWaitStall)
 	defer quiet.Stop()
-	more, ended, _, err := s.take(ctx, maxN-len(msgs), quiet.C)
+	more, ended, _, err := s.take(ctx, maxN-len(msgs), quiet.C, noWaitStall)
 	if !ended {
 		s.aheadOpen = true // the next Fetch takes what it still delivers
 	}
@@ -386,9 +386,10 @@ const fillGap = 20 * time.Millisecond
 // more are pending on the server, waits up to fillGap for each next one.
 // ended says the request is complete (every message it will deliver was
 // taken); timedOut that wait fired before any message.
-func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msgs []source.Message, ended, timedOut bool, err error) {
+func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fillFor time.Duration) (msgs []source.Message, ended, timedOut bool, err error) {
 	batch := s.ahead
 	var gap *time.Timer
+	var fillUntil time.Time // filling from the reported backlog stops then
 	defer func() {
 		if gap != nil {
 			gap.Stop()
@@ -418,7 +419,7 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msg
 			select {
 			case m, ok = <-batch.Messages():
 			default:
-				if pending == 0 || len(msgs) >= want {
+				if pending == 0 || len(msgs) >= want || !time.Now().Before(fillUntil) {
 					// What has arrived, and the backlog there was when
 					// this take began; later arrivals are not waited for
 					// (a steady stream would otherwise keep one take
@@ -449,8 +450,11 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time) (msg
 		s.lastPending = pending
 		s.aheadTaken++
 		if len(msgs) == 0 {
-			// The first message says how many were waiting behind it.
+			// The first message says how many were waiting behind it;
+			// they are waited for at most fillFor (maxWait stays the
+			// bound of every wait).
 			want = int(min(uint64(maxN), 1+pending))
+			fillUntil = time.Now().Add(max(fillFor, fillGap))
 		}
 		if msgs == nil {
 			msgs = make([]source.Message, 0, maxN)
