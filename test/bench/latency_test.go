@@ -81,6 +81,7 @@ type latencyRow struct {
 	cpu             *cpuUse
 	txs             int // the replicas' transactions in the window
 	slowCommits     int // of them, COMMITs that took more than 256 ms
+	probe           string
 	note            string
 }
 
@@ -97,6 +98,9 @@ func printLatency(r latencyRow) {
 	}
 	if r.txs > 0 {
 		cpu += fmt.Sprintf(" txs=%d msgs_per_tx=%.1f commits_over_256ms=%d", r.txs, r.achieved*r.cpu.wall.Seconds()/float64(r.txs), r.slowCommits)
+	}
+	if r.probe != "" {
+		cpu += " " + r.probe
 	}
 	fmt.Printf("LATENCY row=%s replicas=%d batch=%d batching=%s load=%.2f offered_msgs_per_s=%.0f achieved_msgs_per_s=%.0f msgs=%d p50_ms=%s p99_ms=%s p999_ms=%s max_ms=%s%s%s\n",
 		r.name, r.replicas, r.batch, strings.ToLower(string(r.batching)), r.load, r.offered, r.achieved, r.msgs,
@@ -122,6 +126,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	t.waitForTable(b, schema+".inbox")
 	listener := t.listenCommits(b, schema)
 	rs.waitReady(b)
+	probes := t.startProbes(b)
 	window := latencyWindow()
 	total := int(rate * (latencyWarmup + window).Seconds())
 	stamps := make([]time.Time, total)
@@ -152,6 +157,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 		time.Sleep(time.Millisecond)
 	}
 	windowEnd = time.Now()
+	probe := probes()
 	cpu := cpuSince(cpuStart, rs.pids()...)
 	txEnd, _ := rs.commits()
 	slow := rs.slowCommits() - slowStart
@@ -243,7 +249,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: batching, load: load,
 		offered: float64(measured) / w, achieved: float64(inWindow) / w, msgs: len(lat),
 		p50: quantile(lat, 0.50), p99: quantile(lat, 0.99), p999: quantile(lat, 0.999), maxLat: lat[len(lat)-1], cpu: cpu,
-		txs: txEnd - txStart, slowCommits: slow}
+		txs: txEnd - txStart, slowCommits: slow, probe: probe}
 }
 
 // quantile of sorted durations (nearest rank).
@@ -558,4 +564,55 @@ func (rs *replicaSet) slowCommits() int {
 		n += scrapeCounter(u, "idc_commit_duration_seconds_count") - scrapeCounter(u, `idc_commit_duration_seconds_bucket{le="0.256"}`)
 	}
 	return n
+}
+
+// startProbes measures, every 20 ms until the returned func is called, a
+// NATS round trip (PING/PONG on a connection of its own) and a PostgreSQL
+// round trip (SELECT 1): a stall of the broker or the database (or of the
+// whole machine) shows in their maxima, beside the rows' latency.
+func (t *throughputEnv) startProbes(b *testing.B) func() string {
+	b.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var natsMax, pgMax time.Duration
+	var natsSlow, pgSlow int
+	go func() {
+		defer close(done)
+		defer nc.Close()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			start := time.Now()
+			if err := nc.FlushTimeout(5 * time.Second); err == nil {
+				d := time.Since(start)
+				natsMax = max(natsMax, d)
+				if d > 250*time.Millisecond {
+					natsSlow++
+				}
+			}
+			start = time.Now()
+			if _, err := t.pool.Exec(context.Background(), "SELECT 1"); err == nil {
+				d := time.Since(start)
+				pgMax = max(pgMax, d)
+				if d > 250*time.Millisecond {
+					pgSlow++
+				}
+			}
+		}
+	}()
+	return func() string {
+		close(stop)
+		<-done
+		return fmt.Sprintf("probe_nats_max_ms=%.1f probe_nats_over_250ms=%d probe_pg_max_ms=%.1f probe_pg_over_250ms=%d",
+			float64(natsMax.Microseconds())/1000, natsSlow, float64(pgMax.Microseconds())/1000, pgSlow)
+	}
 }
