@@ -108,14 +108,19 @@ test: helm promtool crd-ref-docs ## Run every test: unit, envtest, real services
 test-e2e: build-installer helm plugin ## End-to-end on the real node (make node-up first): install.yaml, kubelet-run pods, every broker, the kubectl plugin.
 	@hack/services.sh check
 	@hack/node.sh running || { echo "the real node is not running: make node-up" >&2; exit 1; }
+	@hack/keda-install.sh
 	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) IDC_E2E_HELM=$(HELM) IDC_E2E_PLUGIN=$(LOCALBIN)/kubectl-idc IDC_E2E_FIXTURES=$(LOCALBIN)/e2e-fixtures \
-	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_IMAGE_ID="$$(cat $(LOCALBIN)/idc-operator-image.tar.id)" IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 30m -v ./test/e2e/...
+	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_IMAGE_ID="$$(cat $(LOCALBIN)/idc-operator-image.tar.id)" IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 36m -v ./test/e2e/...
 
 ##@ Real node
 
 .PHONY: node-up
 node-up: image ## Start a real single-node cluster (kubelet, containerd, CNI bridge + guard); import the image; print the kubeconfig.
 	@hack/node.sh up
+
+.PHONY: keda
+keda: ## KEDA v2.21.0 as real pods on the running node (built from the Go module proxy into bin/keda/, no download): CRDs, operator, metrics API server, APIService.
+	@hack/keda-install.sh
 
 .PHONY: node-down
 node-down: ## Stop the node and remove every trace of it (processes, mounts, cgroups, chains, bridge).

@@ -97,7 +97,7 @@ render() { # template -> output
 }
 
 pki() {
-  [[ -f $P/ca.crt && -f $K/admin.kubeconfig ]] && return 0
+  [[ -f $P/ca.crt && -f $P/front-proxy-client.crt && -f $K/admin.kubeconfig ]] && return 0
   mkdir -p "$P" "$K"
   (
     cd "$P"
@@ -120,6 +120,13 @@ EOT
     sign scheduler "/CN=system:kube-scheduler" client.ext
     sign kube-proxy "/CN=system:kube-proxy" client.ext
     sign kubelet "/O=system:nodes/CN=system:node:$NODE" client.ext
+    # The aggregation layer (KEDA's external metrics API, make keda): the
+    # API server proxies to an extension API server as front-proxy-client,
+    # which that server trusts through the front-proxy CA.
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout front-proxy-ca.key -out front-proxy-ca.crt -days 3650 -subj "/CN=idc-node-front-proxy-ca" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout front-proxy-client.key -out front-proxy-client.csr -subj "/CN=front-proxy-client" 2>/dev/null
+    openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial -out front-proxy-client.crt -days 3650 -extfile client.ext 2>/dev/null
+    rm -f front-proxy-client.csr
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     chmod 600 ./*.key
@@ -255,6 +262,11 @@ up() {
     --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" --kubelet-client-key="$P/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP \
     --audit-policy-file="$N/etc/audit-policy.yaml" --audit-log-path="$L/audit.log" --audit-log-maxsize=200 \
+    --requestheader-client-ca-file="$P/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$P/front-proxy-client.crt" --proxy-client-key-file="$P/front-proxy-client.key" \
+    --enable-aggregator-routing=true \
     --allow-privileged=false --v=1
   waitfor "kube-apiserver ready" 120 "$B/kubectl" get --raw /readyz
 
@@ -265,7 +277,7 @@ up() {
     --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
     --use-service-account-credentials=true \
     --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key" \
-    --service-cluster-ip-range=10.96.0.0/16 --v=1
+    --service-cluster-ip-range=10.96.0.0/16 --horizontal-pod-autoscaler-sync-period=5s --v=1
   start kube-scheduler "$B/kube-scheduler" \
     --kubeconfig="$K/scheduler.kubeconfig" \
     --authentication-kubeconfig="$K/scheduler.kubeconfig" --authorization-kubeconfig="$K/scheduler.kubeconfig" \

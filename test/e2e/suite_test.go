@@ -40,7 +40,7 @@ type suite struct {
 // TestRealNode runs the steps in order; a failed step stops the rest, since
 // each builds on the one before.
 func TestRealNode(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 26*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 32*time.Minute)
 	defer cancel()
 	c, err := localcluster.Connect(env.kubeconfig, env.kubectl)
 	if err != nil {
@@ -59,6 +59,7 @@ func TestRealNode(t *testing.T) {
 		{"metrics-authn-authz", s.metricsAuth},
 		{"shipped-alerts-page-for-a-revoked-grant", s.shippedAlertsPage},
 		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
+		{"autoscale-on-lag-with-keda", s.autoscaleOnLag},
 		{"kubectl-idc-plugin", s.kubectlPlugin},
 		{"every-broker-goes-ready", s.everyBroker},
 		{"pipeline-emit-and-http-outbox", s.pipelineAndHTTPOutbox},

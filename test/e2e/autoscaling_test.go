@@ -1,0 +1,268 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/test/localcluster"
+)
+
+// Autoscaling on lag needs a NATS monitoring endpoint for KEDA's
+// nats-jetstream scaler; the machine's NATS (127.0.0.1:4222) has none, so
+// these steps run their own nats-server with JetStream and monitoring on
+// the bridge address, where both the pods (the runtime, KEDA) and this test
+// reach it.
+const (
+	scaleNATSPort    = 4322
+	scaleMonitorPort = 8322
+)
+
+// scaleNATS starts a nats-server (-js, -m) on the bridge IP for the rest of
+// the suite and returns a JetStream client to it.
+func (s *suite) scaleNATS(ctx context.Context, t *testing.T) jetstream.JetStream {
+	t.Helper()
+	url := fmt.Sprintf("nats://%s:%d", localcluster.BridgeIP, scaleNATSPort)
+	if nc, err := nats.Connect(url, nats.Timeout(time.Second)); err == nil {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.parent.Cleanup(nc.Close)
+		return js
+	}
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		bin = "/usr/sbin/nats-server"
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "-a", localcluster.BridgeIP, "-p", fmt.Sprint(scaleNATSPort), "-m", fmt.Sprint(scaleMonitorPort),
+		"-js", "-sd", dir, "-l", filepath.Join(dir, "nats.log"))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting nats-server for the autoscaling steps: %v", err)
+	}
+	s.parent.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait(); _ = os.RemoveAll(dir) })
+	var nc *nats.Conn
+	if err := localcluster.Eventually(ctx, 20*time.Second, func() error {
+		nc, err = nats.Connect(url, nats.Timeout(time.Second))
+		return err
+	}); err != nil {
+		t.Fatalf("the autoscaling nats-server on %s: %v", url, err)
+	}
+	s.parent.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// scaleFixture is one autoscaled consumer: JetStream -> append into
+// e2e.scaled_<name> (no unique key: an effect applied twice is a second
+// row).
+type scaleFixture struct {
+	name, stream, subject, table string
+	dsn                          string
+	idc                          *messagingv1alpha1.IdempotentConsumer
+}
+
+func (s *suite) newScaleFixture(ctx context.Context, t *testing.T, js jetstream.JetStream, name string, auto messagingv1alpha1.AutoscalingSpec) *scaleFixture {
+	t.Helper()
+	f := &scaleFixture{name: name, stream: "IDC_SCALE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_")) + "_" + strings.ToUpper(s.suffix),
+		subject: "idc-scale-" + s.suffix + "." + name, table: "scaled_" + strings.ReplaceAll(name, "-", "_")}
+	db := s.dbName() + "_scale"
+	dsn, err := localcluster.DatabaseDSN(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		if dsn, err = localcluster.RecreateDatabase(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+		s.parent.Cleanup(func() {
+			if !s.parent.Failed() {
+				_ = localcluster.DropDatabase(context.Background(), db)
+			}
+		})
+		if conn, err = pgx.Connect(ctx, dsn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	f.dsn = dsn
+	for _, q := range []string{"CREATE SCHEMA IF NOT EXISTS e2e",
+		fmt.Sprintf("CREATE TABLE e2e.%s (event_id text NOT NULL, num int NOT NULL)", f.table)} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := localcluster.RecreateOrdersStream(ctx, js, f.stream, f.subject); err != nil {
+		t.Fatal(err)
+	}
+	s.parent.Cleanup(func() { _ = js.DeleteStream(context.Background(), f.stream) })
+	secret := name + "-db"
+	s.secret(ctx, t, secret, map[string]string{"dsn": localcluster.PodDSN(dsn)})
+	auto.NATSMonitoringURL = fmt.Sprintf("http://%s:%d", localcluster.BridgeIP, scaleMonitorPort)
+	f.idc = &messagingv1alpha1.IdempotentConsumer{}
+	f.idc.Name, f.idc.Namespace = name, testNamespace
+	f.idc.Spec = messagingv1alpha1.IdempotentConsumerSpec{
+		Source: messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{
+			URL: fmt.Sprintf("nats://%s:%d", localcluster.BridgeIP, scaleNATSPort), Stream: f.stream, Consumer: name, FilterSubject: f.subject + ".>"}},
+		Message: messagingv1alpha1.MessageSpec{ID: messagingv1alpha1.IDSpec{Header: "Nats-Msg-Id"}},
+		Sink: messagingv1alpha1.SinkSpec{
+			Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secret, Key: "dsn"}, Schema: "e2e"},
+			Inbox:    messagingv1alpha1.InboxSpec{Table: messagingv1alpha1.SQLIdentifier("inbox_" + f.table)},
+			Effect: messagingv1alpha1.EffectSpec{Append: &messagingv1alpha1.AppendEffect{Table: messagingv1alpha1.SQLIdentifier(f.table),
+				Columns: messagingv1alpha1.Columns{"event_id": "@messageId", "num": "$.n"}}},
+		},
+		// Small batches, one lane and a CPU limit: one replica drains the
+		// backlog slowly enough that scaling up visibly pays.
+		Delivery: messagingv1alpha1.DeliverySpec{BatchSize: 50, InFlight: 1},
+		Runtime: messagingv1alpha1.RuntimeSpec{Autoscaling: &auto, Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("150m")}}},
+	}
+	if err := s.c.Client.Create(ctx, f.idc); err != nil {
+		t.Fatalf("creating %s: %v", name, err)
+	}
+	s.parent.Cleanup(func() { _ = s.c.Client.Delete(context.Background(), f.idc) })
+	return f
+}
+
+// publish sends ids [from, from+n) and waits for the stream's acks.
+func (f *scaleFixture) publish(ctx context.Context, t *testing.T, js jetstream.JetStream, from, n int) {
+	t.Helper()
+	for i := from; i < from+n; i++ {
+		msg := nats.NewMsg(f.subject + ".events")
+		msg.Header.Set("Nats-Msg-Id", fmt.Sprintf("%s-%d", f.name, i))
+		msg.Data = fmt.Appendf(nil, `{"n":%d}`, i)
+		if _, err := js.PublishMsgAsync(msg); err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+		if i%2000 == 1999 {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatal("publishing did not complete")
+	}
+}
+
+// effects counts the effect rows and the distinct ids among them.
+func (f *scaleFixture) effects(ctx context.Context, t *testing.T) (rows, distinct int) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(DISTINCT event_id) FROM e2e.%s", f.table)).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	return rows, distinct
+}
+
+// waitReplicas waits until the consumer Deployment asks for want replicas
+// (and, with ready, has them all ready); it returns how long that took.
+func (s *suite) waitReplicas(ctx context.Context, t *testing.T, f *scaleFixture, within time.Duration, ready bool, want func(int32) bool, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var d appsv1.Deployment
+	if err := localcluster.Eventually(ctx, within, func() error {
+		if err := s.c.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: f.name}, &d); err != nil {
+			return err
+		}
+		r := ptr.Deref(d.Spec.Replicas, 1)
+		if !want(r) || (ready && d.Status.ReadyReplicas != r) {
+			return fmt.Errorf("replicas %d (ready %d), want %s", r, d.Status.ReadyReplicas, what)
+		}
+		return nil
+	}); err != nil {
+		var idc messagingv1alpha1.IdempotentConsumer
+		_ = s.c.Client.Get(ctx, client.ObjectKeyFromObject(f.idc), &idc)
+		out, _ := s.c.KubectlCmd(ctx, "-n", testNamespace, "get", "scaledobject,hpa", "-o", "wide")
+		t.Fatalf("%s: %v\nstatus.runtime %+v\n%s", f.name, err, idc.Status.Runtime, out)
+	}
+	return time.Since(start)
+}
+
+// scaleEvents lists the ScaledUp/ScaledDown events on the resource.
+func (s *suite) scaleEvents(ctx context.Context, f *scaleFixture) []string {
+	var list corev1.EventList
+	_ = s.c.Client.List(ctx, &list, client.InNamespace(testNamespace))
+	var out []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == f.name && e.InvolvedObject.Kind == "IdempotentConsumer" && (e.Reason == "ScaledUp" || e.Reason == "ScaledDown") {
+			out = append(out, e.Reason+": "+e.Message)
+		}
+	}
+	return out
+}
+
+// autoscaleOnLag: a 30,000-message backlog scales the consumer from 1 to
+// maxReplicas (4) through KEDA's nats-jetstream scaler and the HPA, the
+// consumer drains it, and scales back to minReplicas; every message has
+// exactly one effect across the scale events.
+func (s *suite) autoscaleOnLag(ctx context.Context, t *testing.T) {
+	js := s.scaleNATS(ctx, t)
+	f := s.newScaleFixture(ctx, t, js, "scaled", messagingv1alpha1.AutoscalingSpec{
+		MinReplicas: ptr.To(int32(1)), MaxReplicas: 4, LagPerReplica: ptr.To(int64(1000)), PollingInterval: "2s", CooldownPeriod: "10s",
+		ScaleDownStabilization: "10s", NATSAccount: "$G",
+	})
+	s.waitReady(ctx, t, f.idc, 1)
+	const backlog = 30000
+	start := time.Now()
+	f.publish(ctx, t, js, 0, backlog)
+	published := time.Since(start)
+	up := s.waitReplicas(ctx, t, f, 3*time.Minute, false, func(r int32) bool { return r == 4 }, "4 (maxReplicas)")
+	upReady := s.waitReplicas(ctx, t, f, 3*time.Minute, true, func(r int32) bool { return r == 4 }, "4 ready")
+	t.Logf("TIME-TO-SCALE up: backlog of %d published in %s; Deployment at 4 replicas %s after the last publish, all 4 ready %s later",
+		backlog, published.Round(time.Millisecond), up.Round(time.Second), upReady.Round(time.Second))
+	dctx, cancel := context.WithTimeout(ctx, 6*time.Minute)
+	defer cancel()
+	if _, err := localcluster.WaitDrained(dctx, js, f.stream, f.name, nil); err != nil {
+		t.Fatal(err)
+	}
+	drained := time.Since(start)
+	down := s.waitReplicas(ctx, t, f, 3*time.Minute, true, func(r int32) bool { return r == 1 }, "1 (minReplicas)")
+	t.Logf("TIME-TO-SCALE drain: %d messages drained %s after the first publish; back to 1 replica %s after the drain", backlog, drained.Round(time.Second), down.Round(time.Second))
+	rows, distinct := f.effects(ctx, t)
+	if rows != backlog || distinct != backlog {
+		t.Fatalf("effects: %d rows, %d distinct ids; want %d of each (0 doubled, 0 lost)", rows, distinct, backlog)
+	}
+	t.Logf("effects: %d rows = %d distinct ids = %d published: 0 doubled, 0 lost", rows, distinct, backlog)
+	var idc messagingv1alpha1.IdempotentConsumer
+	if err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(f.idc), &idc); err != nil {
+		t.Fatal(err)
+	}
+	if c := localcluster.Condition(&idc, messagingv1alpha1.ConditionAutoscaling); c != "True/"+messagingv1alpha1.ReasonScaledByKEDA {
+		t.Fatalf("Autoscaling condition %s, want True/ScaledByKEDA", c)
+	}
+	events := s.scaleEvents(ctx, f)
+	if !strings.Contains(strings.Join(events, "\n"), "ScaledUp") || !strings.Contains(strings.Join(events, "\n"), "ScaledDown") {
+		t.Fatalf("scale events on the resource: %q, want ScaledUp and ScaledDown", events)
+	}
+	t.Logf("events: %s", strings.Join(events, " | "))
+}
