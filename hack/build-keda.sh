@@ -12,7 +12,7 @@ version=${KEDA_VERSION:-2.21.0}
 out="$root/bin/keda/$version-$(go env GOOS)-$(go env GOARCH)"
 # The stamp holds the hash of the module graph the binaries were built from:
 # a fresh clone (new file times) reuses them, a changed go.sum rebuilds.
-want=$(sha256sum "$root/hack/keda/go.mod" "$root/hack/keda/go.sum" | sha256sum | cut -c1-16)
+want=$(cat "$root/hack/keda/go.mod" "$root/hack/keda/go.sum" | sha256sum | cut -c1-16)
 if [[ -x "$out/keda" && -x "$out/keda-adapter" && "$(cat "$out/.stamp" 2>/dev/null)" == "$want" ]]; then
   echo "$out"
   exit 0
