@@ -349,7 +349,7 @@ func ownsReplicas(fields []metav1.ManagedFieldsEntry, manager string) bool {
 			continue
 		}
 		var set map[string]any
-		if err := json.Unmarshal(f.FieldsV1.Raw, &set); err != nil {
+		if err := json.Unmarshal(f.FieldsV1.GetRawBytes(), &set); err != nil {
 			continue
 		}
 		if spec, ok := set["f:spec"].(map[string]any); ok {

@@ -79,7 +79,7 @@ func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv
 			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", a.MinReplicasOrDefault(), a.MaxReplicas, lagPerReplica(idc, s.rc)))
 	}
 	desired := s.liveReplicas
-	why := "KEDA"
+	var why string
 	if paused {
 		why = "held at 0 by the ScaledObject's paused-replicas (spec.suspend, or EffectReady False)"
 	} else {

@@ -30,7 +30,7 @@ func (f *fakeKEDA) Forget()                                 {}
 func withAutoscaling(idc *messagingv1alpha1.IdempotentConsumer, minR, maxR int32) *messagingv1alpha1.IdempotentConsumer {
 	idc.Spec.Runtime.Replicas = ptr.To(int32(1))
 	idc.Spec.Runtime.Autoscaling = &messagingv1alpha1.AutoscalingSpec{
-		MinReplicas: ptr.To(int32(minR)), MaxReplicas: maxR, PollingInterval: "30s", CooldownPeriod: "5m", ScaleDownStabilization: "5m", NATSAccount: "$G",
+		MinReplicas: ptr.To(minR), MaxReplicas: maxR, PollingInterval: "30s", CooldownPeriod: "5m", ScaleDownStabilization: "5m", NATSAccount: "$G",
 	}
 	return idc
 }

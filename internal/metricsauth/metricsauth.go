@@ -15,7 +15,6 @@ package metricsauth
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -191,7 +190,7 @@ func withRetry(ctx context.Context, call func(context.Context) error) error {
 	if last != nil {
 		return last
 	}
-	if err != nil && !errors.Is(err, wait.ErrWaitTimeout) {
+	if err != nil && !wait.Interrupted(err) {
 		return err
 	}
 	return nil

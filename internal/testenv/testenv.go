@@ -70,7 +70,7 @@ func KEDACRDs() (string, error) {
 	}
 	var mod struct{ Dir string }
 	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
-		return "", fmt.Errorf("reading the KEDA module's directory from go mod download (%s): %v", out, err)
+		return "", fmt.Errorf("reading the KEDA module's directory from go mod download (%s): %w", out, err)
 	}
 	return filepath.Join(mod.Dir, "config", "crd", "bases"), nil
 }

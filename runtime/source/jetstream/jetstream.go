@@ -265,48 +265,9 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	wait := time.NewTimer(max(maxWait, time.Millisecond))
 	defer wait.Stop()
 	for {
-		if s.ahead == nil {
-			batch, err := s.consumer.FetchNoWait(maxN)
-			if err != nil {
-				return nil, fmt.Errorf("while fetching from JetStream: %w", err)
-			}
-			s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
-		}
-		var msgs []source.Message
-		var ended, timedOut bool
-		var err error
-		switch {
-		case s.aheadOpen || !s.fixed:
-			// Adaptive: what the request has delivered and what the server
-			// says is pending behind it, not what arrives later. (A
-			// no-wait request for which messages were pending when it
-			// arrived stays open on the server and keeps taking new ones
-			// until its batch is full: at 10% load collecting it to its
-			// end held a fetch for up to 0.9 s.)
-			msgs, ended, timedOut, err = s.take(ctx, maxN, wait.C, maxWait)
-			if !ended {
-				s.aheadOpen = true
-			}
-		default:
-			msgs, ended, err = s.collect(ctx, maxN)
-		}
-		if err != nil || ended {
-			s.ahead = nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(msgs) > 0 {
-			if !s.fixed && s.ahead == nil && len(msgs) < maxN && s.lastPending == 0 {
-				msgs, err = s.topUp(ctx, msgs, maxN)
-				if err != nil {
-					return nil, err
-				}
-			}
-			if s.ahead == nil {
-				s.requestAhead(maxN)
-			}
-			return msgs, nil
+		msgs, timedOut, err := s.takeAhead(ctx, maxN, wait.C, maxWait)
+		if err != nil || len(msgs) > 0 {
+			return msgs, err
 		}
 		if timedOut || maxWait <= 0 {
 			return nil, nil
@@ -315,22 +276,76 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 			continue // a request still open: wait for its first message
 		}
 		// Caught up: wait (long poll).
-		batch, err := s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait))
-		if err != nil {
-			return nil, fmt.Errorf("while fetching from JetStream: %w", err)
-		}
-		if s.fixed {
-			// A whole batch, or what came within maxWait.
-			s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
-			msgs, _, err := s.collectAll(ctx, batch, maxN)
-			s.ahead = nil
-			if err == nil && len(msgs) > 0 {
-				s.requestAhead(maxN)
-			}
+		msgs, done, err := s.longPoll(ctx, maxN, maxWait)
+		if done {
 			return msgs, err
 		}
-		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, true, 0
 	}
+}
+
+// takeAhead takes what the request ahead delivers, sending it first if
+// there is none, and sends the next one when it returns messages. timedOut
+// says wait fired before any message.
+func (s *Source) takeAhead(ctx context.Context, maxN int, wait <-chan time.Time, maxWait time.Duration) (msgs []source.Message, timedOut bool, err error) {
+	if s.ahead == nil {
+		batch, err := s.consumer.FetchNoWait(maxN)
+		if err != nil {
+			return nil, false, fmt.Errorf("while fetching from JetStream: %w", err)
+		}
+		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
+	}
+	var ended bool
+	if s.aheadOpen || !s.fixed {
+		// Adaptive: what the request has delivered and what the server
+		// says is pending behind it, not what arrives later. (A no-wait
+		// request for which messages were pending when it arrived stays
+		// open on the server and keeps taking new ones until its batch is
+		// full: at 10% load collecting it to its end held a fetch for up
+		// to 0.9 s.)
+		msgs, ended, timedOut, err = s.take(ctx, maxN, wait, maxWait)
+		if !ended {
+			s.aheadOpen = true
+		}
+	} else {
+		msgs, ended, err = s.collect(ctx, maxN)
+	}
+	if err != nil || ended {
+		s.ahead = nil
+	}
+	if err != nil || len(msgs) == 0 {
+		return nil, timedOut, err
+	}
+	if !s.fixed && s.ahead == nil && len(msgs) < maxN && s.lastPending == 0 {
+		if msgs, err = s.topUp(ctx, msgs, maxN); err != nil {
+			return nil, false, err
+		}
+	}
+	if s.ahead == nil {
+		s.requestAhead(maxN)
+	}
+	return msgs, false, nil
+}
+
+// longPoll sends a waiting pull request once the consumer is caught up.
+// With batching Fixed it collects the whole batch (or what came within
+// maxWait) and done says Fetch returns it; with Adaptive the request
+// becomes the open request ahead and Fetch waits for its first message.
+func (s *Source) longPoll(ctx context.Context, maxN int, maxWait time.Duration) (msgs []source.Message, done bool, err error) {
+	batch, err := s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait))
+	if err != nil {
+		return nil, true, fmt.Errorf("while fetching from JetStream: %w", err)
+	}
+	if !s.fixed {
+		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, true, 0
+		return nil, false, nil
+	}
+	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
+	msgs, err = s.collectAll(ctx, batch, maxN)
+	s.ahead = nil
+	if err == nil && len(msgs) > 0 {
+		s.requestAhead(maxN)
+	}
+	return msgs, true, err
 }
 
 // topUp adds to a part batch what is available now. The request ahead
@@ -388,15 +403,8 @@ const fillGap = 20 * time.Millisecond
 // taken); timedOut that wait fired before any message.
 func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fillFor time.Duration) (msgs []source.Message, ended, timedOut bool, err error) {
 	batch := s.ahead
-	var gap *time.Timer
-	var fillUntil time.Time // filling from the reported backlog stops then
-	defer func() {
-		if gap != nil {
-			gap.Stop()
-		}
-	}()
-	pending := uint64(0)
-	want := 0
+	var f filling
+	defer f.stop()
 	for len(msgs) < maxN {
 		if s.aheadTaken >= s.aheadN {
 			// Every message the request asked for was taken: it is
@@ -405,8 +413,7 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fill
 		}
 		var m jetstream.Msg
 		var ok bool
-		switch {
-		case len(msgs) == 0:
+		if len(msgs) == 0 {
 			select {
 			case <-ctx.Done():
 				// Whatever was delivered is redelivered after AckWait.
@@ -415,27 +422,10 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fill
 				return nil, false, true, nil // the request stays open for the next Fetch
 			case m, ok = <-batch.Messages():
 			}
-		default:
-			select {
-			case m, ok = <-batch.Messages():
-			default:
-				if pending == 0 || len(msgs) >= want || !time.Now().Before(fillUntil) {
-					// What has arrived, and the backlog there was when
-					// this take began; later arrivals are not waited for
-					// (a steady stream would otherwise keep one take
-					// going until its batch is full).
-					return msgs, false, false, nil
-				}
-				if gap == nil {
-					gap = time.NewTimer(fillGap)
-				} else {
-					gap.Reset(fillGap)
-				}
-				select {
-				case m, ok = <-batch.Messages():
-				case <-gap.C:
-					return msgs, false, false, nil
-				}
+		} else {
+			var stop bool
+			if m, ok, stop = f.next(batch, len(msgs)); stop {
+				return msgs, false, false, nil
 			}
 		}
 		if !ok {
@@ -446,22 +436,64 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fill
 		if err != nil {
 			return nil, true, false, err
 		}
-		pending = md.NumPending
-		s.lastPending = pending
+		f.pending = md.NumPending
+		s.lastPending = f.pending
 		s.aheadTaken++
 		if len(msgs) == 0 {
 			// The first message says how many were waiting behind it;
 			// they are waited for at most fillFor (maxWait stays the
 			// bound of every wait).
-			want = int(min(uint64(maxN), 1+pending))
-			fillUntil = time.Now().Add(max(fillFor, fillGap))
-		}
-		if msgs == nil {
+			f.want = int(min(uint64(maxN), 1+f.pending))
+			f.until = time.Now().Add(max(fillFor, fillGap))
 			msgs = make([]source.Message, 0, maxN)
 		}
 		msgs = append(msgs, msg)
 	}
 	return msgs, s.aheadTaken >= s.aheadN, false, nil
+}
+
+// filling is take's state after a batch's first message: the backlog the
+// last message reported, how many messages take wants, and until when it
+// waits for them.
+type filling struct {
+	pending uint64
+	want    int
+	until   time.Time
+	gap     *time.Timer
+}
+
+func (f *filling) stop() {
+	if f.gap != nil {
+		f.gap.Stop()
+	}
+}
+
+// next returns the batch's next message (ok false: the batch ended). stop
+// says take returns what it has: nothing has arrived and either the
+// backlog there was when take began is taken, or filling has run past its
+// bound, or no message came within fillGap. Later arrivals are not waited
+// for (a steady stream would otherwise keep one take going until its
+// batch is full).
+func (f *filling) next(batch jetstream.MessageBatch, have int) (m jetstream.Msg, ok, stop bool) {
+	select {
+	case m, ok = <-batch.Messages():
+		return m, ok, false
+	default:
+	}
+	if f.pending == 0 || have >= f.want || !time.Now().Before(f.until) {
+		return nil, false, true
+	}
+	if f.gap == nil {
+		f.gap = time.NewTimer(fillGap)
+	} else {
+		f.gap.Reset(fillGap)
+	}
+	select {
+	case m, ok = <-batch.Messages():
+		return m, ok, false
+	case <-f.gap.C:
+		return nil, false, true
+	}
 }
 
 // noWaitStall bounds how long collect waits on a no-wait request that has
@@ -508,20 +540,19 @@ func (s *Source) collect(ctx context.Context, maxN int) ([]source.Message, bool,
 }
 
 // collectAll takes every message of batch until it ends.
-func (s *Source) collectAll(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, bool, error) {
+func (s *Source) collectAll(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, error) {
 	msgs := make([]source.Message, 0, maxN)
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, true, ctx.Err()
+			return nil, ctx.Err()
 		case m, ok := <-batch.Messages():
 			if !ok {
-				msgs, err := s.finish(msgs, batch.Error())
-				return msgs, true, err
+				return s.finish(msgs, batch.Error())
 			}
 			msg, err := convert(m)
 			if err != nil {
-				return nil, true, err
+				return nil, err
 			}
 			msgs = append(msgs, msg)
 		}
