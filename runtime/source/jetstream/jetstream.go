@@ -38,6 +38,14 @@ type Source struct {
 	aheadOpen bool
 	// aheadTaken is how many messages of the open request were taken.
 	aheadTaken int
+	// aheadUntil is, for a waiting request (a long poll), a time by which
+	// the server has expired it for sure; past it the request is given up
+	// (see expiryGrace). Zero for a no-wait request, which does not expire.
+	aheadUntil time.Time
+	// late is a waiting request given up past its expiry that may still
+	// deliver (it was late, not dropped): the next Fetch takes what it
+	// delivered. nil when none; it is dropped once nats.go ends it.
+	late jetstream.MessageBatch
 	// lastPending is what the last message collect took reported pending
 	// on the server after it: 0 means the request got everything there
 	// was, more means it was cut short (MaxAckPending), and then a top-up
@@ -243,6 +251,10 @@ func checkExisting(info *jetstream.ConsumerInfo, cfg *config.JetStream, log logr
 //     request that stays open for the next Fetch if it has more to give;
 //   - batching Fixed (the loop before adaptive batching): for a whole batch.
 //
+// A waiting request is not waited on past its expiry (see expiryGrace):
+// it is given up, and what it still delivers is taken by a later Fetch
+// (checked each time a Fetch starts or its wait ends, not while it waits).
+//
 // A Fetch that returns messages sends the pull request of the next Fetch
 // before it returns (one request ahead, no-wait, the same size), so the
 // next batch travels while the caller commits this one: a fetch's round
@@ -265,6 +277,12 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	wait := time.NewTimer(max(maxWait, time.Millisecond))
 	defer wait.Stop()
 	for {
+		if s.late != nil {
+			// Delivered before what the request ahead delivers.
+			if msgs, err := s.takeLate(maxN); err != nil || len(msgs) > 0 {
+				return msgs, err
+			}
+		}
 		msgs, timedOut, err := s.takeAhead(ctx, maxN, wait.C, maxWait)
 		if err != nil || len(msgs) > 0 {
 			return msgs, err
@@ -292,7 +310,7 @@ func (s *Source) takeAhead(ctx context.Context, maxN int, wait <-chan time.Time,
 		if err != nil {
 			return nil, false, fmt.Errorf("while fetching from JetStream: %w", err)
 		}
-		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
+		s.setAhead(batch, maxN, false, time.Time{})
 	}
 	var ended bool
 	if s.aheadOpen || !s.fixed {
@@ -331,16 +349,17 @@ func (s *Source) takeAhead(ctx context.Context, maxN int, wait <-chan time.Time,
 // maxWait) and done says Fetch returns it; with Adaptive the request
 // becomes the open request ahead and Fetch waits for its first message.
 func (s *Source) longPoll(ctx context.Context, maxN int, maxWait time.Duration) (msgs []source.Message, done bool, err error) {
+	until := time.Now().Add(maxWait + expiryGrace)
 	batch, err := s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait))
 	if err != nil {
 		return nil, true, fmt.Errorf("while fetching from JetStream: %w", err)
 	}
 	if !s.fixed {
-		s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, true, 0
+		s.setAhead(batch, maxN, true, until)
 		return nil, false, nil
 	}
-	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
-	msgs, err = s.collectAll(ctx, batch, maxN)
+	s.setAhead(batch, maxN, false, until)
+	msgs, err = s.collectAll(ctx, batch, maxN, until)
 	s.ahead = nil
 	if err == nil && len(msgs) > 0 {
 		s.requestAhead(maxN)
@@ -359,7 +378,7 @@ func (s *Source) topUp(ctx context.Context, msgs []source.Message, maxN int) ([]
 	if err != nil {
 		return msgs, nil // the next Fetch sends its own request and reports it
 	}
-	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN-len(msgs), false, 0
+	s.setAhead(batch, maxN-len(msgs), false, time.Time{})
 	quiet := time.NewTimer(noWaitStall)
 	defer quiet.Stop()
 	more, ended, _, err := s.take(ctx, maxN-len(msgs), quiet.C, noWaitStall)
@@ -388,7 +407,124 @@ func (s *Source) requestAhead(maxN int) {
 		s.ahead = nil
 		return
 	}
-	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken = batch, maxN, false, 0
+	s.setAhead(batch, maxN, false, time.Time{})
+}
+
+// setAhead makes batch, a pull request of n messages, the request ahead.
+// until is when a waiting request has expired for sure (zero for a no-wait
+// one).
+func (s *Source) setAhead(batch jetstream.MessageBatch, n int, open bool, until time.Time) {
+	s.ahead, s.aheadN, s.aheadOpen, s.aheadTaken, s.aheadUntil = batch, n, open, 0, until
+}
+
+// expiryGrace is how long after a waiting request's expiry (its maxWait
+// from when it was sent) the adapter stops waiting for it. The server ends
+// an expired request with a "408 Request Timeout" status, and nats.go then
+// ends its batch; but a server without nats-server#3942 (merged March 2023,
+// after 2.9.15; Debian's 2.9.10, the benchmark's, lacks it) that finds the
+// request expired while it hands out a new message drops it without the
+// status, and nats.go ends the batch only a second after its last message.
+// Measured at 10% load with two replicas (issue 24): 12 long polls in 12 s
+// ended so, 1.2 s after they were sent, and while both replicas waited on
+// dead requests the consumer had no pull request on the server and every
+// message published waited (the one-second stalls that set the p99). The
+// grace covers the request's way to the server and the last message's way
+// back; a request that delivers later still (a loaded server) is kept as
+// the late request, and what it delivers is not lost.
+const expiryGrace = 20 * time.Millisecond
+
+// retire gives up on a waiting request past its expiry: it becomes the
+// late request, whose messages the next Fetch takes, if it delivers any
+// (the server was late, not silent). A late request still open from
+// before (rare: two give-ups within a second) gives back (NAK) what it
+// delivered and still delivers, so that is redelivered at once instead of
+// after AckWait; nats.go ends its batch a second after its last message,
+// which ends that.
+func (s *Source) retire(batch jetstream.MessageBatch) {
+	if prev := s.late; prev != nil {
+		go func() {
+			for m := range prev.Messages() {
+				_ = m.Nak()
+			}
+		}()
+	}
+	s.late = batch
+}
+
+// takeLate takes, without waiting, what the late request has delivered,
+// up to maxN, and drops it once it ended. When it returns messages there is
+// a request ahead for the next Fetch.
+func (s *Source) takeLate(maxN int) ([]source.Message, error) {
+	var msgs []source.Message
+	for len(msgs) < maxN {
+		m, ok := ready(s.late)
+		if !ok {
+			s.late = nil
+			break
+		}
+		if m == nil {
+			break
+		}
+		msg, err := convert(m)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, msg)
+	}
+	if len(msgs) > 0 && s.ahead == nil {
+		s.requestAhead(maxN)
+	}
+	return msgs, nil
+}
+
+// expiry fires when the request ahead is past aheadUntil (never for a
+// no-wait request). Call stop when done.
+func (s *Source) expiry() (expired <-chan time.Time, stop func() bool) {
+	if s.aheadUntil.IsZero() {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(time.Until(s.aheadUntil))
+	return t.C, t.Stop
+}
+
+// firstWait is how the wait for a batch's first message ended.
+type firstWait int
+
+const (
+	firstArrived   firstWait = iota // a message, or the batch ended
+	firstTimedOut                   // the caller's wait fired
+	firstExpired                    // the waiting request expired and was given up
+	firstCancelled                  // ctx ended
+)
+
+// first waits for batch's first message, at most until wait fires or the
+// request is past its expiry (expired).
+func (s *Source) first(ctx context.Context, batch jetstream.MessageBatch, wait, expired <-chan time.Time) (jetstream.Msg, bool, firstWait) {
+	select {
+	case <-ctx.Done():
+		return nil, false, firstCancelled
+	case <-wait:
+		return nil, false, firstTimedOut
+	case m, ok := <-batch.Messages():
+		return m, ok, firstArrived
+	case <-expired:
+		if m, ok := ready(batch); m != nil || !ok {
+			return m, ok, firstArrived
+		}
+		s.retire(batch)
+		return nil, false, firstExpired
+	}
+}
+
+// ready is batch's next message if one has arrived: (nil, true) when none
+// has, ok false when the batch ended.
+func ready(batch jetstream.MessageBatch) (jetstream.Msg, bool) {
+	select {
+	case m, ok := <-batch.Messages():
+		return m, ok
+	default:
+		return nil, true
+	}
 }
 
 // fillGap bounds the wait for the next message of a burst the server said
@@ -405,6 +541,8 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fill
 	batch := s.ahead
 	var f filling
 	defer f.stop()
+	expired, stopExpiry := s.expiry()
+	defer stopExpiry()
 	for len(msgs) < maxN {
 		if s.aheadTaken >= s.aheadN {
 			// Every message the request asked for was taken: it is
@@ -414,13 +552,16 @@ func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fill
 		var m jetstream.Msg
 		var ok bool
 		if len(msgs) == 0 {
-			select {
-			case <-ctx.Done():
+			var w firstWait
+			switch m, ok, w = s.first(ctx, batch, wait, expired); w {
+			case firstCancelled:
 				// Whatever was delivered is redelivered after AckWait.
 				return nil, true, false, ctx.Err()
-			case <-wait:
+			case firstTimedOut:
 				return nil, false, true, nil // the request stays open for the next Fetch
-			case m, ok = <-batch.Messages():
+			case firstExpired:
+				return nil, true, false, nil // given up: the next Fetch sends another
+			case firstArrived:
 			}
 		} else {
 			var stop bool
@@ -539,23 +680,40 @@ func (s *Source) collect(ctx context.Context, maxN int) ([]source.Message, bool,
 	}
 }
 
-// collectAll takes every message of batch until it ends.
-func (s *Source) collectAll(ctx context.Context, batch jetstream.MessageBatch, maxN int) ([]source.Message, error) {
+// collectAll takes every message of the waiting request batch until it
+// ends, or, past until (its expiry, see expiryGrace), what it has
+// delivered.
+func (s *Source) collectAll(ctx context.Context, batch jetstream.MessageBatch, maxN int, until time.Time) ([]source.Message, error) {
 	msgs := make([]source.Message, 0, maxN)
+	expiry := time.NewTimer(time.Until(until))
+	defer expiry.Stop()
+	expired := false
 	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case m, ok := <-batch.Messages():
-			if !ok {
-				return s.finish(msgs, batch.Error())
+		var m jetstream.Msg
+		var ok bool
+		if expired {
+			if m, ok = ready(batch); m == nil && ok {
+				s.retire(batch)
+				return msgs, nil
 			}
-			msg, err := convert(m)
-			if err != nil {
-				return nil, err
+		} else {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-expiry.C:
+				expired = true
+				continue
+			case m, ok = <-batch.Messages():
 			}
-			msgs = append(msgs, msg)
 		}
+		if !ok {
+			return s.finish(msgs, batch.Error())
+		}
+		msg, err := convert(m)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, msg)
 	}
 }
 
@@ -635,6 +793,7 @@ func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 // connection. Other unacknowledged messages (fetched, not committed) are
 // redelivered by the server after the consumer's AckWait.
 func (s *Source) Close() error {
+	s.giveBackLate()
 	s.giveBackAhead()
 	if err := s.nc.FlushTimeout(flushTimeout); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		s.log.Error(err, "flushing before close failed")
@@ -694,6 +853,24 @@ func (s *Source) giveBackAhead() {
 		case <-deadline.C:
 			return // the rest is redelivered after AckWait
 		}
+	}
+}
+
+// giveBackLate NAKs what the late request has delivered, without waiting
+// for more (what it still delivers is redelivered after AckWait).
+func (s *Source) giveBackLate() {
+	if s.late == nil {
+		return
+	}
+	naked := 0
+	for m, ok := ready(s.late); ok && m != nil; m, ok = ready(s.late) {
+		if m.Nak() == nil {
+			naked++
+		}
+	}
+	s.late = nil
+	if naked > 0 {
+		s.log.Info("gave back the messages of a pull request given up after its expiry", "messages", naked)
 	}
 }
 
