@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -237,9 +239,30 @@ func (s *suite) autoscaleOnLag(ctx context.Context, t *testing.T) {
 	f.publish(ctx, t, js, 0, backlog)
 	published := time.Since(start)
 	up := s.waitReplicas(ctx, t, f, 3*time.Minute, false, func(r int32) bool { return r == 4 }, "4 (maxReplicas)")
-	upReady := s.waitReplicas(ctx, t, f, 3*time.Minute, true, func(r int32) bool { return r == 4 }, "4 ready")
-	t.Logf("TIME-TO-SCALE up: backlog of %d published in %s; Deployment at 4 replicas %s after the last publish, all 4 ready %s later",
-		backlog, published.Round(time.Millisecond), up.Round(time.Second), upReady.Round(time.Second))
+	// The pods may not all get ready before the backlog is gone (a fast
+	// drain scales back down first): the peak of ready replicas is logged.
+	readyStart := time.Now()
+	peak := int32(0)
+	if err := localcluster.Eventually(ctx, 3*time.Minute, func() error {
+		var d appsv1.Deployment
+		if err := s.c.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: f.name}, &d); err != nil {
+			return err
+		}
+		peak = max(peak, d.Status.ReadyReplicas)
+		if peak == 4 {
+			return nil
+		}
+		if c, err := js.Consumer(ctx, f.stream, f.name); err == nil {
+			if info, err := c.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("%d of 4 replicas ready and a backlog left", d.Status.ReadyReplicas)
+	}); err != nil {
+		t.Fatalf("%s: %v", f.name, err)
+	}
+	t.Logf("TIME-TO-SCALE up: backlog of %d published in %s; Deployment at 4 replicas %s after the last publish, %d of 4 ready %s later (all 4, or the backlog was gone first)",
+		backlog, published.Round(time.Millisecond), up.Round(time.Second), peak, time.Since(readyStart).Round(time.Second))
 	dctx, cancel := context.WithTimeout(ctx, 6*time.Minute)
 	defer cancel()
 	if _, err := localcluster.WaitDrained(dctx, js, f.stream, f.name, nil); err != nil {
@@ -265,4 +288,144 @@ func (s *suite) autoscaleOnLag(ctx context.Context, t *testing.T) {
 		t.Fatalf("scale events on the resource: %q, want ScaledUp and ScaledDown", events)
 	}
 	t.Logf("events: %s", strings.Join(events, " | "))
+}
+
+// autoscaleFromZero: with minReplicas 0 the consumer goes to 0 replicas
+// (no pod left) when idle, and KEDA wakes it when new messages arrive; every
+// message has exactly one effect across the scale to zero and back.
+func (s *suite) autoscaleFromZero(ctx context.Context, t *testing.T) {
+	js := s.scaleNATS(ctx, t)
+	f := s.newScaleFixture(ctx, t, js, "scaled-zero", messagingv1alpha1.AutoscalingSpec{
+		MinReplicas: ptr.To(int32(0)), MaxReplicas: 2, LagPerReplica: ptr.To(int64(1000)), PollingInterval: "2s", CooldownPeriod: "10s",
+		ScaleDownStabilization: "10s", NATSAccount: "$G",
+	})
+	// The first pod creates the durable consumer KEDA's scaler reads; a
+	// first batch runs through it before the consumer goes idle.
+	const first, second = 200, 500
+	if err := localcluster.Eventually(ctx, 3*time.Minute, func() error {
+		_, err := js.Consumer(ctx, f.stream, f.name)
+		return err
+	}); err != nil {
+		t.Fatalf("the runtime never created its durable consumer %s (did KEDA scale the new Deployment to 0 before its first pod ran?): %v\n%s",
+			f.name, err, s.scaleDiagnostics(ctx, f))
+	}
+	f.publish(ctx, t, js, 0, first)
+	dctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if _, err := localcluster.WaitDrained(dctx, js, f.stream, f.name, nil); err != nil {
+		t.Fatalf("%v\n%s", err, s.scaleDiagnostics(ctx, f))
+	}
+	idle := s.waitReplicas(ctx, t, f, 3*time.Minute, false, func(r int32) bool { return r == 0 }, "0 (minReplicas, idle)")
+	if err := localcluster.Eventually(ctx, 2*time.Minute, func() error {
+		// Terminating pods too: one still running its last fetches
+		// would take the messages published next.
+		var d appsv1.Deployment
+		if err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(f.idc), &d); err != nil {
+			return err
+		}
+		pods, err := s.c.Pods(ctx, testNamespace, d.Spec.Selector.MatchLabels)
+		if err == nil && len(pods) > 0 {
+			err = fmt.Errorf("%d consumer pods left (terminating included)", len(pods))
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("scaled to 0 but pods remain: %v", err)
+	}
+	t.Logf("TIME-TO-SCALE to zero: %d messages drained, Deployment at 0 replicas %s later, no pod left", first, idle.Round(time.Second))
+
+	start := time.Now()
+	f.publish(ctx, t, js, first, second)
+	// What KEDA reads: the same /jsz query its nats-jetstream scaler sends.
+	// A backlog that does not show here is the broker's side, not KEDA's.
+	if err := localcluster.Eventually(ctx, 30*time.Second, func() error {
+		pending, err := jszLag(ctx, f)
+		if err == nil && pending < second {
+			err = fmt.Errorf("/jsz reports a lag of %d for consumer %s, want %d", pending, f.name, second)
+		}
+		return err
+	}); err != nil {
+		var state string
+		if st, err := js.Stream(ctx, f.stream); err == nil {
+			state = fmt.Sprintf("stream %s: %d messages, last sequence %d", f.stream, st.CachedInfo().State.Msgs, st.CachedInfo().State.LastSeq)
+		}
+		if c, err := js.Consumer(ctx, f.stream, f.name); err == nil {
+			i := c.CachedInfo()
+			state += fmt.Sprintf("; consumer: pending %d, ack pending %d, delivered %d, ack floor %d, waiting %d",
+				i.NumPending, i.NumAckPending, i.Delivered.Stream, i.AckFloor.Stream, i.NumWaiting)
+		}
+		t.Fatalf("%v\n%s\n%s", err, state, s.scaleDiagnostics(ctx, f))
+	}
+	woke := s.waitReplicas(ctx, t, f, 3*time.Minute, false, func(r int32) bool { return r >= 1 }, "at least 1 (woken by the backlog)")
+	wokeReady := s.waitReplicas(ctx, t, f, 3*time.Minute, true, func(r int32) bool { return r >= 1 }, "at least 1 ready")
+	dctx2, cancel2 := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel2()
+	if _, err := localcluster.WaitDrained(dctx2, js, f.stream, f.name, nil); err != nil {
+		t.Fatalf("%v\n%s", err, s.scaleDiagnostics(ctx, f))
+	}
+	drained := time.Since(start)
+	t.Logf("TIME-TO-SCALE from zero: %d messages published; Deployment above 0 replicas %s after the last publish, ready %s later, drained %s after the first publish",
+		second, woke.Round(time.Second), wokeReady.Round(time.Second), drained.Round(time.Second))
+	rows, distinct := f.effects(ctx, t)
+	if rows != first+second || distinct != first+second {
+		t.Fatalf("effects: %d rows, %d distinct ids; want %d of each (0 doubled, 0 lost)", rows, distinct, first+second)
+	}
+	t.Logf("effects: %d rows = %d distinct ids = %d published: 0 doubled, 0 lost", rows, distinct, first+second)
+}
+
+// jszLag is the lag KEDA's nats-jetstream scaler computes for f's consumer
+// (num_pending + num_ack_pending) from the same monitoring query.
+func jszLag(ctx context.Context, f *scaleFixture) (int64, error) {
+	u := fmt.Sprintf("http://%s:%d/jsz?acc=%%24G&consumers=true&config=true", localcluster.BridgeIP, scaleMonitorPort)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var jsz struct {
+		Accounts []struct {
+			Name    string `json:"name"`
+			Streams []struct {
+				Name      string `json:"name"`
+				Consumers []struct {
+					Name          string `json:"name"`
+					NumPending    int64  `json:"num_pending"`
+					NumAckPending int64  `json:"num_ack_pending"`
+				} `json:"consumer_detail"`
+			} `json:"stream_detail"`
+		} `json:"account_details"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&jsz); err != nil {
+		return 0, fmt.Errorf("decoding %s: %w", u, err)
+	}
+	for _, a := range jsz.Accounts {
+		for _, st := range a.Streams {
+			for _, c := range st.Consumers {
+				if st.Name == f.stream && c.Name == f.name {
+					return c.NumPending + c.NumAckPending, nil
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s lists no consumer %s on stream %s", u, f.name, f.stream)
+}
+
+// scaleDiagnostics is what explains a consumer KEDA did not scale: the
+// ScaledObject and HPA, and the KEDA operator's last log lines.
+func (s *suite) scaleDiagnostics(ctx context.Context, f *scaleFixture) string {
+	var b strings.Builder
+	lag, err := jszLag(ctx, f)
+	fmt.Fprintf(&b, "/jsz lag %d (%v)\n", lag, err)
+	for _, args := range [][]string{
+		{"-n", testNamespace, "get", "scaledobject", f.name, "-o", "yaml"},
+		{"-n", testNamespace, "get", "hpa,deployment,pods", "-o", "wide"},
+		{"-n", "keda", "logs", "deployment/keda-operator", "--tail=60"},
+	} {
+		out, _ := s.c.KubectlCmd(ctx, args...)
+		fmt.Fprintf(&b, "kubectl %s:\n%s\n", strings.Join(args, " "), out)
+	}
+	return b.String()
 }

@@ -60,6 +60,7 @@ func TestRealNode(t *testing.T) {
 		{"shipped-alerts-page-for-a-revoked-grant", s.shippedAlertsPage},
 		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
 		{"autoscale-on-lag-with-keda", s.autoscaleOnLag},
+		{"autoscale-from-zero-with-keda", s.autoscaleFromZero},
 		{"kubectl-idc-plugin", s.kubectlPlugin},
 		{"every-broker-goes-ready", s.everyBroker},
 		{"pipeline-emit-and-http-outbox", s.pipelineAndHTTPOutbox},
