@@ -436,10 +436,13 @@ const expiryGrace = 20 * time.Millisecond
 // retire gives up on a waiting request past its expiry: it becomes the
 // late request, whose messages the next Fetch takes, if it delivers any
 // (the server was late, not silent). A late request still open from
-// before (rare: two give-ups within a second) gives back (NAK) what it
-// delivered and still delivers, so that is redelivered at once instead of
-// after AckWait; nats.go ends its batch a second after its last message,
-// which ends that.
+// before gives back (NAK) what it delivered and still delivers, so that is
+// redelivered at once instead of after AckWait; nats.go ends its batch
+// maxWait + 1 s after its last message, which ends that goroutine. Against
+// a server that drops expired requests silently (nats-server 2.9) an idle
+// replica gives up a long poll every cycle, so a few such goroutines
+// (about 1.2 s / maxWait) stay parked per idle replica: bounded, and each
+// holds nothing but the dead batch.
 func (s *Source) retire(batch jetstream.MessageBatch) {
 	if prev := s.late; prev != nil {
 		go func() {

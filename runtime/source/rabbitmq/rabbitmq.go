@@ -248,9 +248,12 @@ func (s *Source) dropLocked(sess *session, reason string) {
 // holds messages the broker has not delivered yet (its ready count, one
 // passive queue.declare), it keeps taking deliveries as they arrive, up to
 // maxN, waiting at most fillGap for each next one and max(maxWait,
-// fillGap) in all, and never past the prefetch window (nothing more
+// fillGap) for the fill, and never past the prefetch window (nothing more
 // arrives until the deliveries held are acknowledged). With nothing ready
-// it returns at once, so a lone message at low load is not held.
+// it returns at once, so a lone message at low load is not held. The
+// worst case, a slow ready count under a backlog, holds a fetch for about
+// three times maxWait: the first delivery, the ready count's round trip
+// (bounded by max(maxWait, fillGap)) and the fill.
 //
 // Why: the broker pushes deliveries one by one as fast as its queue
 // process goes, so a fetch that took only what had arrived when the first
