@@ -33,6 +33,20 @@ type fetched struct {
 	err  error
 }
 
+// fetchRest fetches (maxN 1000, no idle wait) until got holds n messages;
+// a Fetch that returns nothing while some are still waiting fails the test.
+func fetchRest(t *testing.T, s *Source, got []source.Message, n int) []source.Message {
+	t.Helper()
+	for len(got) < n {
+		more := waitFetch(t, fetchAsync(t.Context(), s, 1000, never))
+		if len(more) == 0 {
+			t.Fatalf("a Fetch returned nothing with %d of %d messages still waiting", n-len(got), n)
+		}
+		got = append(got, more...)
+	}
+	return got
+}
+
 func waitFetch(t *testing.T, ch <-chan fetched) []source.Message {
 	t.Helper()
 	select {
@@ -64,13 +78,7 @@ func TestAdaptiveFetchReturnsWhatArrivedWithoutWaitingForABatch(t *testing.T) {
 	if len(got) == 0 {
 		t.Fatal("the first Fetch returned nothing although messages arrived")
 	}
-	for len(got) < 3 {
-		more := waitFetch(t, fetchAsync(t.Context(), s, 1000, never))
-		if len(more) == 0 {
-			t.Fatalf("a Fetch returned nothing with %d of 3 messages still waiting", 3-len(got))
-		}
-		got = append(got, more...)
-	}
+	got = fetchRest(t, s, got, 3)
 	if len(got) != 3 {
 		t.Fatalf("fetched %d messages, want 3", len(got))
 	}
