@@ -353,6 +353,8 @@ type throughputEnv struct {
 	js   jetstream.JetStream
 	dir  string
 	runs int
+	// stream is the published workload's stream (jetStreamStream).
+	stream string
 }
 
 func newThroughputEnv(b *testing.B, w *workload) *throughputEnv {
@@ -754,17 +756,18 @@ func (t *throughputEnv) jetStreamAcked(stream, durable string, total int) func()
 	}
 }
 
-var jetStreamOnce struct {
-	sync.Once
-	name string
-}
-
-// jetStreamStream publishes the workload once on a stream every JetStream
-// row reads with its own durable consumer.
+// jetStreamStream publishes the workload once per environment on a stream
+// every JetStream row of that environment reads with its own durable
+// consumer. The stream belongs to the environment (the benchmark that made
+// it deletes it at its end), so it is never shared between benchmarks: a
+// process-wide one left BenchmarkThroughput reading the stream
+// BenchmarkDeclaredLimits had deleted.
 func (t *throughputEnv) jetStreamStream(b *testing.B) string {
 	b.Helper()
-	jetStreamOnce.Do(func() { jetStreamOnce.name = t.publishStream(b, "IDC_TPUT", t.w.bodies) })
-	return jetStreamOnce.name
+	if t.stream == "" {
+		t.stream = t.publishStream(b, "IDC_TPUT", t.w.bodies)
+	}
+	return t.stream
 }
 
 // consumeAlone runs n in-process adapters, each fetching batches of 500 and
