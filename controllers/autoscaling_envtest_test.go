@@ -101,7 +101,7 @@ func newKEDAEnv(t *testing.T) *kedaEnv {
 		opts: Options{RuntimeImage: "idc-operator:test", RetentionPeriod: fakePeriod, MaxConcurrent: 1, Clock: clk,
 			Sink: &fakeSink{}, Broker: &fakeBroker{window: 49 * time.Hour}, RecheckPeriod: DefaultRecheckPeriod, DropTimeout: time.Minute,
 			KEDA: NewDiscoveryKEDA(disc, clk, time.Minute)},
-		readings: newBrokerReadings(), applied: newAppliedChildren(),
+		readings: newBrokerReadings(), applied: newAppliedChildren(), sinkMemo: newSinkMemo(),
 	}
 	return &kedaEnv{t: t, c: c, r: r}
 }

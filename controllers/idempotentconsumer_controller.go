@@ -104,6 +104,9 @@ type Reconciler struct {
 	opts     Options
 	readings *brokerReadings
 	applied  *appliedChildren
+	// sinkMemo spares the sink database the checks of a pass a child's
+	// change woke shortly after a complete one.
+	sinkMemo *sinkMemo
 	// secretMemo spares a Secret GET while its version is unchanged.
 	secretMemo secretMemo
 }
@@ -146,6 +149,7 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 		opts:     opts,
 		readings: newBrokerReadings(),
 		applied:  newAppliedChildren(),
+		sinkMemo: newSinkMemo(),
 	}
 }
 
@@ -175,6 +179,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	s := newScope(idc)
 	res, err := r.runPhases(ctx, s)
+	if err == nil {
+		r.recordSink(s)
+	}
 	if perr := r.patchStatus(ctx, s, err); perr != nil && err == nil {
 		err = perr
 	}
@@ -185,11 +192,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // forget drops what the manager keeps for a resource that is gone: metric
-// series, the broker reading, the memo of applied children and its pool.
+// series, the broker reading, the memos of applied children and sink checks,
+// and its pool.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	forgetBrokerLimits(key.Namespace, key.Name)
 	r.readings.forget(key)
 	r.applied.forget(key)
+	r.sinkMemo.forget(key)
 	r.opts.Sink.Release(key.String())
 }
 

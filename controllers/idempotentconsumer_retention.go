@@ -46,6 +46,14 @@ func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result,
 		s.window = r.keepRetention(ctx, s, err)
 		return ctrl.Result{}, nil
 	}
+	if snap := s.reused; snap != nil && snap.readingAt.Equal(s.reading.at) {
+		// The window adopted from this very reading by an earlier pass of
+		// this generation (sinkMemo), with no shrink pending: a pending one
+		// is never reused, it is due at a time, not on a reading.
+		s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, snap.retention.DeepCopy())
+		s.obs.retention, s.window = snap.retentionObs, snap.window
+		return ctrl.Result{}, nil
+	}
 	next, pending, dbErr := r.opts.Sink.AdoptWindow(ctx, s.target(), derived, now)
 	if dbErr != nil {
 		// The inbox was reachable a moment ago (inboxPhase); rather than
@@ -67,6 +75,11 @@ func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result,
 	s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, projectRetention(next, s.reading.at))
 	s.obs.retention = okOutcome(reasonFor(next.InForce), retentionMessage(next, pending))
 	s.window = next.InForce.Window
+	if s.recording != nil && !pending {
+		s.recording.retention, s.recording.retentionObs, s.recording.window = s.idc.Status.Retention.DeepCopy(), s.obs.retention, s.window
+		s.recording.readingAt = s.reading.at
+		s.recording.done |= sinkRetention
+	}
 	return ctrl.Result{}, nil
 }
 

@@ -111,6 +111,12 @@ func classifyDBError(idc *messagingv1alpha1.IdempotentConsumer, err error) (stri
 // it can run without the inbox) and is checked again within RecheckPeriod;
 // a privilege or connection string only a person can fix also stalls it.
 func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	r.reuseSink(s)
+	if snap := s.reused; snap != nil {
+		s.idc.Status.Inbox = snap.inbox.DeepCopy()
+		s.obs.inbox = snap.inboxObs
+		return ctrl.Result{}, nil
+	}
 	version, err := r.opts.Sink.Ensure(ctx, s.target())
 	if err != nil {
 		reason, msg := classifyDBError(s.idc, err)
@@ -126,6 +132,10 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 	s.idc.Status.Inbox = inboxStatusFor(s.rc.Config, version)
 	s.obs.inbox = okOutcome(messagingv1alpha1.ReasonProvisioned,
 		fmt.Sprintf("inbox %s (layout %s, schema version %d) and its dead-letter and prune-run tables exist", s.idc.Status.Inbox.Table, s.rc.Config.Sink.Layout, version))
+	if s.recording != nil {
+		s.recording.inbox, s.recording.inboxObs = s.idc.Status.Inbox.DeepCopy(), s.obs.inbox
+		s.recording.done |= sinkInbox
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -144,11 +154,19 @@ func inboxStatusFor(cfg *config.Config, version int) *messagingv1alpha1.InboxSta
 // check that could not run (the database is unreachable) halts the pass,
 // leaving the Deployment as it is, and is checked again too.
 func (r *Reconciler) effectPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	if s.reused != nil {
+		s.obs.effect = s.reused.effectObs
+		return ctrl.Result{}, nil
+	}
 	err := r.opts.Sink.CheckEffect(ctx, s.target(), s.rc.Config)
 	var p *sinkdb.EffectProblem
 	switch {
 	case err == nil:
 		s.obs.effect = okOutcome(messagingv1alpha1.ReasonReady, effectReadyMessage(s.rc.Config))
+		if s.recording != nil {
+			s.recording.effectObs = s.obs.effect
+			s.recording.done |= sinkEffect
+		}
 		return ctrl.Result{}, nil
 	case errors.As(err, &p):
 		return r.sinkFault(ctx, s, &s.obs.effect, p.Reason, p.Message), nil

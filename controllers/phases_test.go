@@ -234,7 +234,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		client: h.c, secrets: h.c, live: h.c, scheme: scheme, recorder: events.NewFakeRecorder(100),
 		opts: Options{RuntimeImage: "idc-operator:test", RetentionPeriod: fakePeriod, MaxConcurrent: 1, Clock: h.clk,
 			Sink: h.sink, Broker: h.broker, RecheckPeriod: DefaultRecheckPeriod, DropTimeout: time.Minute},
-		readings: newBrokerReadings(), applied: newAppliedChildren(),
+		readings: newBrokerReadings(), applied: newAppliedChildren(), sinkMemo: newSinkMemo(),
 	}
 	return h
 }
@@ -786,5 +786,63 @@ func TestStalledNamesTheFirstFaultInPhaseOrder(t *testing.T) {
 	idc, _ = h.pass()
 	if got := conditionOf(idc, messagingv1alpha1.ConditionStalled); got != "True/UnboundedReplay" {
 		t.Errorf("once the sink is fixed Stalled = %s, want True/UnboundedReplay", got)
+	}
+}
+
+// A pass a child's change wakes after a complete sink check (the
+// Deployment turning available after the first pass) reuses that check: no
+// statement of the checks reaches the sink database, and status is what a
+// fresh check would write. After --retention-period, on a new generation or
+// after a check that failed, the sink is checked again.
+func TestSinkChecksAreReusedUntilThePeriodicPass(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.pass()
+	sinkCalls := func() [3]int {
+		return [3]int{h.sink.count("Ensure"), h.sink.count("CheckEffect"), h.sink.count("AdoptWindow")}
+	}
+	first := sinkCalls()
+	if first != [3]int{1, 1, 1} {
+		t.Fatalf("first pass: Ensure, CheckEffect, AdoptWindow called %v times, want once each", first)
+	}
+	h.markAvailable()
+	h.clk.Step(fakePeriod / 2)
+	idc, _ := h.pass()
+	if got := sinkCalls(); got != first {
+		t.Errorf("a pass %s after a complete check called the sink %v times in all, want %v (no new call)", fakePeriod/2, got, first)
+	}
+	if got := conditionOf(idc, messagingv1alpha1.ConditionReady); got != "True/Ready" {
+		t.Fatalf("Ready = %s after a reused check, want True/Ready", got)
+	}
+	for _, c := range []string{messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ConditionEffectReady, messagingv1alpha1.ConditionRetentionResolved} {
+		if got := meta.FindStatusCondition(idc.Status.Conditions, c); got == nil || got.Status != metav1.ConditionTrue {
+			t.Errorf("%s = %v after a reused check, want True", c, got)
+		}
+	}
+	if idc.Status.Inbox == nil || idc.Status.Retention == nil || idc.Status.Retention.Window == "" {
+		t.Errorf("status.inbox %v, status.retention %v after a reused check, want both kept", idc.Status.Inbox, idc.Status.Retention)
+	}
+
+	// --retention-period has passed since the check: the periodic pass checks.
+	h.clk.Step(fakePeriod)
+	h.pass()
+	if got := sinkCalls(); got != [3]int{2, 2, 2} {
+		t.Errorf("the pass after --retention-period: the sink called %v times in all, want [2 2 2]", got)
+	}
+
+	// A new generation is checked at once, and a failed check is never
+	// reused: each pass checks again.
+	h.sink.effectErr = &sinkdb.EffectProblem{Reason: messagingv1alpha1.ReasonColumnNotFound, Message: "missing"}
+	var cur messagingv1alpha1.IdempotentConsumer
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Generation++
+	if err := h.c.Update(context.Background(), &cur); err != nil {
+		t.Fatal(err)
+	}
+	h.pass()
+	h.pass()
+	if got := sinkCalls(); got[1] != 4 {
+		t.Errorf("two passes of a new generation whose effect check fails called CheckEffect %d times in all, want 4", got[1])
 	}
 }

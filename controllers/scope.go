@@ -46,6 +46,9 @@ type scope struct {
 	// liveReplicas is the consumer Deployment's spec.replicas as read
 	// back, whoever set it.
 	liveReplicas int32
+	// reused is the sink checks' snapshot this pass reuses (sinkMemo);
+	// recording is the one it takes instead. At most one is set.
+	reused, recording *sinkSnapshot
 }
 
 func newScope(idc *messagingv1alpha1.IdempotentConsumer) *scope {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
@@ -37,21 +36,21 @@ func (c *Client) Pools() *Pools { return c.pools }
 func (c *Client) Release(owner string) { c.pools.Release(owner) }
 
 func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, *inbox.Store) error) error {
-	return c.withPool(ctx, t, func(ctx context.Context, _ *pgxpool.Pool, s *inbox.Store) error { return fn(ctx, s) })
+	return c.withPool(ctx, t, func(ctx context.Context, _ *sharedPool, s *inbox.Store) error { return fn(ctx, s) })
 }
 
-func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context, *pgxpool.Pool, *inbox.Store) error) error {
-	pool, err := c.pools.acquire(t.Owner, t.DSN)
+func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context, *sharedPool, *inbox.Store) error) error {
+	sp, err := c.pools.acquireShared(t.Owner, t.DSN)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	store, err := inbox.New(pool, t.Sink, inbox.WithOutbox(t.Outbox))
+	store, err := inbox.New(sp.pool, t.Sink, inbox.WithOutbox(t.Outbox))
 	if err != nil {
 		return err
 	}
-	return fn(ctx, pool, store)
+	return fn(ctx, sp, store)
 }
 
 // Ensure creates the schema and tables idempotently and returns the schema
@@ -61,14 +60,14 @@ func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context
 // *EffectProblem naming the grant that is missing.
 func (c *Client) Ensure(ctx context.Context, t Target) (int, error) {
 	var v int
-	err := c.withPool(ctx, t, func(ctx context.Context, pool *pgxpool.Pool, s *inbox.Store) error {
+	err := c.withPool(ctx, t, func(ctx context.Context, sp *sharedPool, s *inbox.Store) error {
 		var err error
 		var upToDate bool
 		if v, upToDate, err = s.UpToDate(ctx); err != nil || upToDate {
-			return explainInboxPrivilege(ctx, pool, t.Sink.Schema, err)
+			return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
 		}
-		if err := s.Migrate(ctx); err != nil {
-			return explainInboxPrivilege(ctx, pool, t.Sink.Schema, err)
+		if err := sp.migrate(ctx, func() error { return s.Migrate(ctx) }); err != nil {
+			return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
 		}
 		v, err = s.SchemaVersion(ctx)
 		return err

@@ -3,10 +3,12 @@ package sinkdb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // Pools are shared by the owners of one connection string, follow an owner
@@ -65,5 +67,70 @@ func TestInvalidDSNIsNotEchoed(t *testing.T) {
 	}
 	if c.Pools().Len() != 0 || c.Pools().Owners() != 0 {
 		t.Fatalf("a DSN that does not parse left %d pools, %d owners", c.Pools().Len(), c.Pools().Owners())
+	}
+}
+
+// At most MaxMigrationsPerDatabase migrations run at once on one database;
+// one more waits for a token and gives up with its context.
+func TestMigrationsPerDatabaseAreGated(t *testing.T) {
+	sp := &sharedPool{migrations: make(chan struct{}, MaxMigrationsPerDatabase)}
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, MaxMigrationsPerDatabase)
+	for range MaxMigrationsPerDatabase {
+		go func() {
+			done <- sp.migrate(context.Background(), func() error { entered <- struct{}{}; <-release; return nil })
+		}()
+	}
+	for range MaxMigrationsPerDatabase {
+		<-entered
+	}
+
+	// Every token is held: a migration whose context ends first never runs.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ran := false
+	err := sp.migrate(ctx, func() error { ran = true; return nil })
+	if ran || !errors.Is(err, context.Canceled) {
+		t.Fatalf("with %d migrations running, one more ran=%v err=%v; want it to wait and give up with its context", MaxMigrationsPerDatabase, ran, err)
+	}
+
+	// One finishes: the next one runs.
+	release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.migrate(context.Background(), func() error { ran = true; return nil }); err != nil || !ran {
+		t.Fatalf("after one finished, the next migration ran=%v err=%v", ran, err)
+	}
+	close(release)
+	for range MaxMigrationsPerDatabase - 1 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Many new inboxes on one database at once all get migrated through the
+// gate.
+func TestConcurrentEnsuresAllMigrate(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	c := New()
+	t.Cleanup(c.Pools().Close)
+	n := 3 * MaxMigrationsPerDatabase
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			sink := config.Sink{Schema: "gated", InboxTable: fmt.Sprintf("inbox_%d", i), Layout: config.LayoutTable}
+			v, err := c.Ensure(context.Background(), Target{Owner: fmt.Sprint(i), DSN: dsn, Sink: sink})
+			if err == nil && v != inbox.SchemaVersion {
+				err = fmt.Errorf("inbox_%d at schema version %d, want %d", i, v, inbox.SchemaVersion)
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

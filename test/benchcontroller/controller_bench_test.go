@@ -190,6 +190,7 @@ func BenchmarkController(b *testing.B) {
 	}
 	warmup := time.Since(warm)
 
+	apiProfile := profileAPIServer(ctx, cl)
 	b.ResetTimer()
 	cpuBefore := cpuShares(mgr.cmd.Process.Pid)
 	createdAt := make(map[string]time.Time, n)
@@ -272,6 +273,7 @@ func BenchmarkController(b *testing.B) {
 			diag("heap profile of the manager once all were Ready: %s (go tool pprof -sample_index=inuse_space %s)", path, path)
 		}
 	}
+	apiProfile()
 	if phases, err := mgr.phaseTimes(); err != nil {
 		diag("%v", err)
 	} else {
@@ -361,6 +363,36 @@ func steadyState(ctx context.Context, b *testing.B, s settings, mgr *managerProc
 	// One read per resource per period, +10% jitter, +-1 period at the ends.
 	if reads < expected*0.7 || reads > expected*1.3+float64(n) {
 		b.Errorf("steady state: %.0f broker reads in %s, want about %.0f (resources x duration / --retention-period)", reads, s.steady, expected)
+	}
+}
+
+// profileAPIServer takes a CPU profile of the kube-apiserver from now for
+// IDC_BENCH_APISERVER_PROFILE_SECONDS (default 60) into the file
+// IDC_BENCH_APISERVER_PROFILE names, when it is set; the function it
+// returns waits for the profile and says where it went.
+func profileAPIServer(ctx context.Context, cl *cluster) func() {
+	path := os.Getenv("IDC_BENCH_APISERVER_PROFILE")
+	if path == "" {
+		return func() {}
+	}
+	seconds := "60"
+	if v := os.Getenv("IDC_BENCH_APISERVER_PROFILE_SECONDS"); v != "" {
+		seconds = v
+	}
+	done := make(chan error, 1)
+	go func() {
+		raw, err := cl.clientset.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", seconds).Timeout(10*time.Minute).DoRaw(ctx)
+		if err == nil {
+			err = os.WriteFile(path, raw, 0o600)
+		}
+		done <- err
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			diag("kube-apiserver CPU profile: %v", err)
+			return
+		}
+		diag("kube-apiserver CPU profile of the first %s s: %s (go tool pprof -top %s)", seconds, path, path)
 	}
 }
 
