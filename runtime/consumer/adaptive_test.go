@@ -72,3 +72,31 @@ func TestLoopFillsEveryBatchUnderBacklog(t *testing.T) {
 		t.Fatalf("1,000 messages in batches of 100 were committed in %d transactions, want 10", src.acks)
 	}
 }
+
+// A fetch that fits one transaction, taken while no lane is busy, is
+// committed whole by one lane: six messages whose ids hash to both of two
+// lanes are one transaction (one Ack), not one per lane.
+func TestIdleFetchIsCommittedWhole(t *testing.T) {
+	cfg := testConfig(t, config.LayoutTable)
+	cfg.Delivery.BatchSize = 500
+	cfg.Delivery.InFlight = 2
+	cfg.Delivery.MaxWait.Duration = idleWait
+	pool, _ := setup(t, cfg)
+	msgs := numbered(6)
+	lanes := map[int]bool{}
+	for i := range msgs {
+		lanes[laneOf(fmt.Sprintf("id-%d", i), 2)] = true
+	}
+	if len(lanes) != 2 {
+		t.Fatalf("the test's ids all hash to one lane (%v): pick others", lanes)
+	}
+	src := newFakeSource(msgs)
+	start(t, src, pool, cfg, newMetrics(t))
+	waitAcked(t, src, 6)
+	assertExactlyOnce(t, pool, 6)
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if src.acks != 1 {
+		t.Fatalf("6 messages fetched at once on 2 idle lanes were committed in %d transactions, want 1", src.acks)
+	}
+}

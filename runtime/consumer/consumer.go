@@ -81,6 +81,12 @@ type Consumer struct {
 
 	// progress is what this replica records in <inbox>_progress.
 	progress *progress
+
+	// inFlightBatches counts the lane batches dispatched and not yet
+	// settled; whole is closed once the fetch last dispatched whole to one
+	// lane settled (dispatchWhole; the fetcher's alone).
+	inFlightBatches atomic.Int32
+	whole           chan struct{}
 }
 
 // New builds the loop from the config. metrics may be nil (then they are

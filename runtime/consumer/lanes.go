@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -23,6 +24,10 @@ type laneBatch struct {
 	dls     []deadLetter
 	dups    int
 	fetched time.Time
+	// parts is how many dispatched batches this one is (mergeQueued joins
+	// them); dones are closed once it settled (dispatchWhole).
+	parts int32
+	dones []chan struct{}
 }
 
 // pipeline runs the overlapped loop: one goroutine fetches while up to
@@ -95,6 +100,15 @@ func (c *Consumer) fetchLoop(ctx context.Context, lanes []chan laneBatch) {
 		if len(msgs) == 0 {
 			continue
 		}
+		if !c.awaitWhole(ctx) {
+			return // the fetch stays unacked
+		}
+		if len(lanes) > 1 && len(msgs) <= c.wholeFetchMax() && c.inFlightBatches.Load() == 0 {
+			if !c.dispatchWhole(ctx, lanes[0], msgs) {
+				return
+			}
+			continue
+		}
 		if !c.dispatch(ctx, lanes, c.split(msgs, len(lanes))) {
 			return // the rest of the fetch stays unacked
 		}
@@ -112,15 +126,76 @@ func (c *Consumer) dispatch(ctx context.Context, lanes []chan laneBatch, perLane
 				continue
 			}
 			sent = true
+			c.inFlightBatches.Add(1)
 			select {
 			case lanes[i] <- batches[k]:
 			case <-ctx.Done():
+				c.inFlightBatches.Add(-1)
 				return false
 			}
 		}
 		if !sent {
 			return true
 		}
+	}
+}
+
+// dispatchWhole hands a small fetch (wholeFetchMax), taken while no lane
+// has a batch in flight, whole to one lane: at low load a fetch of a
+// few messages would otherwise be split into a transaction per lane, each
+// paying a commit for a message or two, and the machine's CPU went to
+// commits (10% load on two replicas: 5 messages per transaction). No other
+// lane can then hold a key of it, and the next fetch is dispatched only
+// once it settled (awaitWhole), so two transactions in flight still never
+// touch one key and each key keeps its fetch order. The wait also lets the
+// next fetch gather what arrives meanwhile into one transaction.
+func (c *Consumer) dispatchWhole(ctx context.Context, lane chan<- laneBatch, msgs []source.Message) bool {
+	batches := c.split(msgs, 1)[0]
+	if len(batches) != 1 {
+		panic(fmt.Sprintf("consumer: a fetch of %d messages (batch size %d) split into %d batches", len(msgs), c.delivery.BatchSize, len(batches)))
+	}
+	lb := batches[0]
+	done := make(chan struct{})
+	lb.dones = append(lb.dones, done)
+	c.whole = done
+	c.inFlightBatches.Add(1)
+	select {
+	case lane <- lb:
+		return true
+	case <-ctx.Done():
+		c.inFlightBatches.Add(-1)
+		return false
+	}
+}
+
+// wholeFetchMax is the largest fetch dispatchWhole takes: a sixteenth of a
+// batch (31 messages of 500). A larger fetch is split over the lanes as
+// before: its transactions are long enough that committing them side by
+// side beats saving a commit (at half the maximum load, committing every
+// fetch of about 100 messages whole raised p99 from 158 to 269 ms).
+func (c *Consumer) wholeFetchMax() int { return max(c.delivery.BatchSize/16, 1) }
+
+// awaitWhole waits until the fetch last dispatched whole settled. It
+// reports false when ctx ended first.
+func (c *Consumer) awaitWhole(ctx context.Context) bool {
+	if c.whole == nil {
+		return true
+	}
+	select {
+	case <-c.whole:
+		c.whole = nil
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// settled records that lb was committed and acknowledged, or dropped after
+// a stop.
+func (c *Consumer) settled(lb laneBatch) {
+	c.inFlightBatches.Add(-lb.parts)
+	for _, d := range lb.dones {
+		close(d)
 	}
 }
 
@@ -138,6 +213,7 @@ func (c *Consumer) runLane(work, stop context.Context, in <-chan laneBatch) {
 	stopped := false
 	for lb := range in {
 		if stopped || stop.Err() != nil || c.dead() || !c.waitUnheld(stop) {
+			c.settled(lb)
 			continue
 		}
 		lb = c.mergeQueued(lb, in)
@@ -145,6 +221,7 @@ func (c *Consumer) runLane(work, stop context.Context, in <-chan laneBatch) {
 			stopped = true
 			c.log.Info("Stopped with a batch not committed; the broker will redeliver it", "messages", len(lb.msgs))
 		}
+		c.settled(lb)
 	}
 }
 
@@ -184,6 +261,8 @@ func (lb laneBatch) join(b laneBatch) laneBatch {
 	lb.msgs = append(lb.msgs, b.msgs...)
 	lb.dls = append(lb.dls, b.dls...)
 	lb.dups += b.dups
+	lb.parts += b.parts
+	lb.dones = append(lb.dones, b.dones...)
 	return lb
 }
 
@@ -212,7 +291,7 @@ func (c *Consumer) split(msgs []source.Message, n int) [][]laneBatch {
 	// current is lane i's open batch; a full one is closed first.
 	current := func(i int) *laneBatch {
 		if len(out[i]) == 0 || len(out[i][len(out[i])-1].msgs) >= limit {
-			out[i] = append(out[i], laneBatch{fetched: now})
+			out[i] = append(out[i], laneBatch{fetched: now, parts: 1})
 		}
 		return &out[i][len(out[i])-1]
 	}
