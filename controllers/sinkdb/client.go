@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"

@@ -381,7 +381,7 @@ func profileAPIServer(ctx context.Context, cl *cluster) func() {
 	}
 	done := make(chan error, 1)
 	go func() {
-		raw, err := cl.clientset.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", seconds).Timeout(10*time.Minute).DoRaw(ctx)
+		raw, err := cl.clientset.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", seconds).Timeout(10 * time.Minute).DoRaw(ctx)
 		if err == nil {
 			err = os.WriteFile(path, raw, 0o600)
 		}
