@@ -22,6 +22,7 @@ func (r *Reconciler) idConflictsPhase(ctx context.Context, s *scope) (ctrl.Resul
 	if err != nil {
 		_, msg := classifyDBError(s.idc, err)
 		log.FromContext(ctx).Info("could not count id conflicts", "reason", msg)
+		r.distrustSink(s)
 		return ctrl.Result{}, nil
 	}
 	if n > 0 {

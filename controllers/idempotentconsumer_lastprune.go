@@ -28,6 +28,7 @@ func (r *Reconciler) lastPrunePhase(ctx context.Context, s *scope) (ctrl.Result,
 	if err != nil {
 		_, msg := classifyDBError(idc, err)
 		log.FromContext(ctx).Info("could not read the last prune run", "reason", msg)
+		r.distrustSink(s)
 		return ctrl.Result{}, nil
 	}
 	idc.Status.LastPrune = lastPruneStatus(run)

@@ -23,6 +23,7 @@ func (r *Reconciler) outboxPhase(ctx context.Context, s *scope) (ctrl.Result, er
 	if err != nil {
 		_, msg := classifyDBError(s.idc, err)
 		log.FromContext(ctx).Info("could not read the outbox backlog", "reason", msg)
+		r.distrustSink(s)
 		return ctrl.Result{}, nil
 	}
 	s.idc.Status.Outbox = outboxStatus(st)

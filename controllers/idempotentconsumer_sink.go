@@ -111,7 +111,7 @@ func classifyDBError(idc *messagingv1alpha1.IdempotentConsumer, err error) (stri
 // it can run without the inbox) and is checked again within RecheckPeriod;
 // a privilege or connection string only a person can fix also stalls it.
 func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
-	r.reuseSink(s)
+	r.reuseSink(ctx, s)
 	if snap := s.reused; snap != nil {
 		s.idc.Status.Inbox = snap.inbox.DeepCopy()
 		s.obs.inbox = snap.inboxObs

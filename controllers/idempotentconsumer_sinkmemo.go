@@ -1,10 +1,12 @@
 package controllers
 
 import (
+	"context"
 	"strconv"
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
@@ -46,9 +48,12 @@ const (
 // wakes its owner, and with 1,000 consumers on one database each wake cost
 // the inbox's up-to-date query, the effect's catalog checks and the
 // window's row lock. A healthy sink is checked when the generation, the
-// rendered config or the Secret data change, when the broker is read again,
+// rendered config or the Secret data change (the window also on a new
+// broker reading),
 // and otherwise once per --retention-period (the periodic pass): as often
-// as without child events. A check that failed or did not complete is
+// as without child events. A pass is never spared while the consumer
+// Deployment is not available, nor after a read of the runtime's records
+// failed (distrustSink). A check that failed or did not complete is
 // never reused, so a sink that is not ready is still checked on every pass
 // (and within --recheck-period). The runtime's records (the last prune run,
 // id conflicts, the outbox) are read on every pass: they are what a Job's
@@ -83,28 +88,61 @@ func (m *sinkMemo) forget(owner types.NamespacedName) {
 	delete(m.m, owner)
 }
 
-// sinkMemoKey is what a reused check must have run with: the generation,
-// the rendered config and the referenced Secrets' data.
+// sinkMemoKey is what a reused check must have run with: the object (a
+// resource deleted and created again under its name is another), its
+// generation, the rendered config and the referenced Secrets' data.
 func sinkMemoKey(s *scope) string {
-	return strconv.FormatInt(s.idc.Generation, 10) + "/" + s.rc.Hash + "/" + s.secrets.hash
+	return string(s.idc.UID) + "/" + strconv.FormatInt(s.idc.Generation, 10) + "/" + s.rc.Hash + "/" + s.secrets.hash
 }
 
 // reuseSink looks the pass's snapshot up once (in the inbox phase, the
 // first of the sink phases): s.reused is set on a hit, s.recording
 // otherwise.
-func (r *Reconciler) reuseSink(s *scope) {
+// A consumer Deployment that is not available (pods failing against a
+// dropped inbox or a revoked grant, say) is never a reason to reuse: its
+// change is what woke the pass.
+func (r *Reconciler) reuseSink(ctx context.Context, s *scope) {
 	key := sinkMemoKey(s)
-	if snap, ok := r.sinkMemo.fresh(s.key, key, r.opts.Clock.Now(), max(r.opts.RetentionPeriod, r.opts.RecheckPeriod)); ok {
+	if snap, ok := r.sinkMemo.fresh(s.key, key, r.opts.Clock.Now(), max(r.opts.RetentionPeriod, r.opts.RecheckPeriod)); ok && r.consumersAvailable(ctx, s) {
 		s.reused = &snap
 		return
 	}
 	s.recording = &sinkSnapshot{key: key, at: r.opts.Clock.Now()}
 }
 
+// consumersAvailable reads the consumer Deployment from the cache: it exists
+// and is available.
+func (r *Reconciler) consumersAvailable(ctx context.Context, s *scope) bool {
+	var d appsv1.Deployment
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: s.idc.Namespace, Name: deploymentName(s.idc)}, &d); err != nil {
+		return false
+	}
+	ok, _ := deploymentAvailable(&d)
+	return ok
+}
+
 // recordSink keeps the pass's snapshot when every sink check recorded a
-// fresh, successful result.
+// fresh, successful result, aged from the broker reading it used when that
+// is older (so the periodic pass, due a period after the reading, always
+// checks afresh); a check that failed or did not complete drops what was
+// kept.
 func (r *Reconciler) recordSink(s *scope) {
-	if s.recording != nil && s.recording.done == sinkAll {
+	switch {
+	case s.recording == nil:
+	case s.recording.done != sinkAll:
+		r.sinkMemo.forget(s.key)
+	default:
+		if s.reading != nil && s.reading.at.Before(s.recording.at) {
+			s.recording.at = s.reading.at
+		}
 		r.sinkMemo.put(s.key, *s.recording)
 	}
+}
+
+// distrustSink drops the kept check and records none in this pass: a read
+// of the runtime's records failed, so the sink itself is checked again on
+// the next pass.
+func (r *Reconciler) distrustSink(s *scope) {
+	r.sinkMemo.forget(s.key)
+	s.recording = nil
 }

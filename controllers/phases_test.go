@@ -46,9 +46,11 @@ type fakeSink struct {
 	ensureErr error
 	effectErr error
 	dropErr   error
-	stored    *retention.Applied
-	released  []string
-	dsn       string // of the last Ensure
+	// lastPruneErr fails LastPrune (the runtime's records unreadable).
+	lastPruneErr error
+	stored       *retention.Applied
+	released     []string
+	dsn          string // of the last Ensure
 }
 
 func (f *fakeSink) lastDSN() string {
@@ -103,7 +105,9 @@ func (f *fakeSink) StoredWindow(context.Context, sinkdb.Target) (*retention.Appl
 	return f.stored, nil
 }
 func (f *fakeSink) LastPrune(context.Context, sinkdb.Target) (*inbox.PruneRun, error) {
-	return nil, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return nil, f.lastPruneErr
 }
 func (f *fakeSink) OutboxStats(context.Context, sinkdb.Target) (inbox.OutboxStats, error) {
 	return inbox.OutboxStats{}, nil
@@ -845,4 +849,47 @@ func TestSinkChecksAreReusedUntilThePeriodicPass(t *testing.T) {
 	if got := sinkCalls(); got[1] != 4 {
 		t.Errorf("two passes of a new generation whose effect check fails called CheckEffect %d times in all, want 4", got[1])
 	}
+}
+
+// A kept sink check is never reused past the periodic pass, even when it was
+// taken after the broker reading in force (the first good pass after a
+// failing one); nor while the consumer Deployment is not available; nor
+// after a read of the runtime's records failed.
+func TestSinkChecksAreNotReusedWhenInDoubt(t *testing.T) {
+	t.Run("aged from the broker reading", func(t *testing.T) {
+		h := newHarness(t, unitConsumer())
+		h.sink.effectErr = &sinkdb.EffectProblem{Reason: messagingv1alpha1.ReasonColumnNotFound, Message: "missing"}
+		h.pass() // reads the broker at T0; the check fails
+		h.sink.effectErr = nil
+		h.clk.Step(DefaultRecheckPeriod)
+		h.pass() // the check passes at T0+20s, with the reading of T0
+		h.markAvailable()
+		ensures := h.sink.count("Ensure")
+		h.clk.Step(fakePeriod - DefaultRecheckPeriod + time.Second)
+		h.pass() // T0 + period + 1s: the periodic pass
+		if got := h.sink.count("Ensure"); got != ensures+1 {
+			t.Errorf("the periodic pass after the reading of the kept check called Ensure %d times, want once", got-ensures)
+		}
+	})
+	t.Run("Deployment not available", func(t *testing.T) {
+		h := newHarness(t, unitConsumer())
+		h.pass()
+		h.pass()
+		if got := h.sink.count("Ensure"); got != 2 {
+			t.Errorf("two passes while the Deployment is not available called Ensure %d times, want 2", got)
+		}
+	})
+	t.Run("records unreadable", func(t *testing.T) {
+		h := newHarness(t, unitConsumer())
+		h.pass()
+		h.markAvailable()
+		h.sink.mu.Lock()
+		h.sink.lastPruneErr = errors.New("connection refused")
+		h.sink.mu.Unlock()
+		h.pass() // reuses the check; the last prune run cannot be read
+		h.pass()
+		if got := h.sink.count("Ensure"); got != 2 {
+			t.Errorf("after the last prune run could not be read, Ensure was called %d times in all, want 2 (checked again)", got)
+		}
+	})
 }

@@ -23,7 +23,9 @@ const dbTimeout = Timeout
 const MaxConnsPerDatabase = 8
 
 // MaxMigrationsPerDatabase caps the inbox migrations (the DDL of a new or
-// older inbox) the manager runs at once on one sink database. Concurrent
+// older inbox) the manager runs at once on one sink database, as far as
+// the manager can tell one: per connection string, like the pools
+// (resources with a role each on one database are not limited together). Concurrent
 // DDL costs PostgreSQL far more CPU per inbox than the same DDL a few at a
 // time: 1,000 new inboxes took 14.8 s of PostgreSQL CPU one at a time,
 // 20.8 s two at a time and 32.8 s four at a time (the manager's default

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -85,12 +86,15 @@ func TestMigrationsPerDatabaseAreGated(t *testing.T) {
 		<-entered
 	}
 
+	if len(sp.migrations) != cap(sp.migrations) {
+		t.Fatalf("%d migrations running hold %d of %d tokens", MaxMigrationsPerDatabase, len(sp.migrations), cap(sp.migrations))
+	}
 	// Every token is held: a migration whose context ends first never runs.
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
 	ran := false
 	err := sp.migrate(ctx, func() error { ran = true; return nil })
-	if ran || !errors.Is(err, context.Canceled) {
+	if ran || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("with %d migrations running, one more ran=%v err=%v; want it to wait and give up with its context", MaxMigrationsPerDatabase, ran, err)
 	}
 
@@ -132,5 +136,12 @@ func TestConcurrentEnsuresAllMigrate(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+	sp, err := c.Pools().acquireShared("0", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cap(sp.migrations) != MaxMigrationsPerDatabase {
+		t.Fatalf("the pool's gate holds %d tokens, want %d", cap(sp.migrations), MaxMigrationsPerDatabase)
 	}
 }

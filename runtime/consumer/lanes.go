@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -150,22 +149,22 @@ func (c *Consumer) dispatch(ctx context.Context, lanes []chan laneBatch, perLane
 // touch one key and each key keeps its fetch order. The wait also lets the
 // next fetch gather what arrives meanwhile into one transaction.
 func (c *Consumer) dispatchWhole(ctx context.Context, lane chan<- laneBatch, msgs []source.Message) bool {
+	// One batch, as the fetch is at most wholeFetchMax; were it more, they
+	// would go in order to the same lane, which keeps the same promises.
 	batches := c.split(msgs, 1)[0]
-	if len(batches) != 1 {
-		panic(fmt.Sprintf("consumer: a fetch of %d messages (batch size %d) split into %d batches", len(msgs), c.delivery.BatchSize, len(batches)))
-	}
-	lb := batches[0]
 	done := make(chan struct{})
-	lb.dones = append(lb.dones, done)
+	batches[len(batches)-1].dones = []chan struct{}{done}
 	c.whole = done
-	c.inFlightBatches.Add(1)
-	select {
-	case lane <- lb:
-		return true
-	case <-ctx.Done():
-		c.inFlightBatches.Add(-1)
-		return false
+	for _, lb := range batches {
+		c.inFlightBatches.Add(1)
+		select {
+		case lane <- lb:
+		case <-ctx.Done():
+			c.inFlightBatches.Add(-1)
+			return false
+		}
 	}
+	return true
 }
 
 // wholeFetchMax is the largest fetch dispatchWhole takes: a sixteenth of a
