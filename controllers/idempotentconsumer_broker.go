@@ -7,11 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -116,32 +114,9 @@ func (b *brokerReading) dueIn(now time.Time, period, recheck time.Duration) time
 }
 
 // brokerReadings holds the last reading per resource.
-type brokerReadings struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]*brokerReading
-}
+type brokerReadings = perResource[*brokerReading]
 
-func newBrokerReadings() *brokerReadings {
-	return &brokerReadings{m: map[types.NamespacedName]*brokerReading{}}
-}
-
-func (b *brokerReadings) get(key types.NamespacedName) *brokerReading {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.m[key]
-}
-
-func (b *brokerReadings) put(key types.NamespacedName, r *brokerReading) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.m[key] = r
-}
-
-func (b *brokerReadings) forget(key types.NamespacedName) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.m, key)
-}
+func newBrokerReadings() *brokerReadings { return newPerResource[*brokerReading]() }
 
 // readingKey identifies what a reading depends on: the rendered source and
 // retention spec and the referenced Secrets' data.
@@ -162,7 +137,7 @@ func readingKey(s *scope) string {
 func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	now := r.opts.Clock.Now()
 	key := readingKey(s)
-	if last := r.readings.get(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod) > 0 {
+	if last, _ := r.readings.get(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod) > 0 {
 		s.reading = last
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, brokerTimeout)

@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"strconv"
-	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -58,34 +57,17 @@ const (
 // (and within --recheck-period). The runtime's records (the last prune run,
 // id conflicts, the outbox) are read on every pass: they are what a Job's
 // or a pod's change comes to report.
-type sinkMemo struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]sinkSnapshot
-}
+type sinkMemo struct{ *perResource[sinkSnapshot] }
 
-func newSinkMemo() *sinkMemo { return &sinkMemo{m: map[types.NamespacedName]sinkSnapshot{}} }
+func newSinkMemo() *sinkMemo { return &sinkMemo{newPerResource[sinkSnapshot]()} }
 
 // fresh returns the snapshot for key taken less than ttl before now.
 func (m *sinkMemo) fresh(owner types.NamespacedName, key string, now time.Time, ttl time.Duration) (sinkSnapshot, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	snap, ok := m.m[owner]
+	snap, ok := m.get(owner)
 	if !ok || snap.key != key || now.Sub(snap.at) >= ttl || now.Before(snap.at) {
 		return sinkSnapshot{}, false
 	}
 	return snap, true
-}
-
-func (m *sinkMemo) put(owner types.NamespacedName, snap sinkSnapshot) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.m[owner] = snap
-}
-
-func (m *sinkMemo) forget(owner types.NamespacedName) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.m, owner)
 }
 
 // sinkMemoKey is what a reused check must have run with: the object (a
