@@ -596,7 +596,8 @@ func (rs *replicaSet) waitReady(b *testing.B) {
 func (rs *replicaSet) slowCommits() int {
 	n := 0
 	for _, u := range rs.metrics {
-		n += scrapeCounter(u, "idc_commit_duration_seconds_count") - scrapeCounter(u, `idc_commit_duration_seconds_bucket{le="0.256"}`)
+		v := scrapeFloats(u, "idc_commit_duration_seconds_count", `idc_commit_duration_seconds_bucket{le="0.256"}`)
+		n += int(v[0] - v[1])
 	}
 	return n
 }

@@ -52,6 +52,8 @@ const (
 	// often enough to time a 2 s row to about 1%, rarely enough that the
 	// scrapes (the process collector reads /proc) stay out of the profile.
 	pollEvery = 25 * time.Millisecond
+	// maxPollEvery bounds measure's sleep far from a row's end.
+	maxPollEvery = 250 * time.Millisecond
 )
 
 // BenchmarkThroughput prints the throughput table of `make bench`, every
@@ -582,6 +584,14 @@ func (t *throughputEnv) startReplicas(b *testing.B, cfg config.Config, n int, en
 		}
 		cmd := exec.Command(t.bin, "run", "--config", path, "--consumer-name", name)
 		cmd.Env = append(os.Environ(), dsnEnv+"="+t.dsn, amqpURIEnv+"="+amqpURI)
+		// IDC_BENCH_REPLICA_ENV="GOMAXPROCS=1 GOGC=200": for every replica
+		// of every row (an A/B of runtime settings against a whole table).
+		cmd.Env = append(cmd.Env, strings.Fields(os.Getenv("IDC_BENCH_REPLICA_ENV"))...)
+		if dir := os.Getenv("IDC_BENCH_CPU_PROFILES"); dir != "" {
+			// A diagnostic: every replica of every row writes a CPU
+			// profile (a row's env below may name it more precisely).
+			cmd.Env = append(cmd.Env, "IDC_CPU_PROFILE="+filepath.Join(dir, name+".pprof"))
+		}
 		for _, e := range env {
 			cmd.Env = append(cmd.Env, strings.ReplaceAll(e, "{replica}", strconv.Itoa(i)))
 		}
@@ -685,8 +695,22 @@ func (rs *replicaSet) measure(b *testing.B, name string, total int) (int, time.D
 				b.Fatalf("%s: a replica exited: %v; logs: %v", name, c.ProcessState, rs.logs)
 			}
 		}
-		time.Sleep(pollEvery)
+		time.Sleep(nextPoll(n-before, now.Sub(first), total-n))
 	}
+}
+
+// nextPoll is how long measure sleeps before it looks again: pollEvery
+// near the end, longer (up to maxPollEvery) while half the expected rest
+// of the row is longer than that. Rows that count settled messages by
+// scraping the replicas' /metrics (RabbitMQ, Redis, Kafka) paid for every
+// scrape in the replicas' CPU (the process collector reads /proc: about
+// 10% of a RabbitMQ replica's profile with a scrape every 25 ms).
+func nextPoll(done int, took time.Duration, left int) time.Duration {
+	if done <= 0 || took <= 0 {
+		return pollEvery
+	}
+	rest := time.Duration(float64(left) / float64(done) * float64(took))
+	return min(max(rest/2, pollEvery), maxPollEvery)
 }
 
 // runJetStream is one row: n replicas of the binary on a new durable
@@ -1013,25 +1037,33 @@ var scrapeClient = &http.Client{Timeout: time.Second, Transport: &http.Transport
 // the page is not up yet.
 func scrapeCounter(url, name string) int { return int(scrapeFloat(url, name)) }
 
-// scrapeFloat reads one unlabelled sample; 0 when the page is not up yet.
-func scrapeFloat(url, name string) float64 {
+// scrapeFloat reads one sample (its name with any labels, as exposed); 0
+// when the page is not up yet.
+func scrapeFloat(url, name string) float64 { return scrapeFloats(url, name)[0] }
+
+// scrapeFloats reads several samples from one scrape, so that they are
+// consistent with each other (a histogram's count and a bucket read in two
+// scrapes can disagree by the observations made in between).
+func scrapeFloats(url string, names ...string) []float64 {
+	out := make([]float64, len(names))
 	resp, err := scrapeClient.Get(url)
 	if err != nil {
-		return 0
+		return out
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err == nil {
-				return f
+		for i, name := range names {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+					out[i] = f
+				}
 			}
 		}
 	}
-	return 0
+	return out
 }
 
 // vmHWM is a process's peak resident set size in MiB, from /proc.
