@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,6 +85,7 @@ type latencyRow struct {
 	cpu             *cpuUse
 	txs             int // the replicas' transactions in the window
 	slowCommits     int // of them, COMMITs that took more than 256 ms
+	checkpoints     int // PostgreSQL checkpoints (timed and requested) that began in the window
 	probe           string
 	note            string
 }
@@ -110,7 +112,7 @@ func printLatency(r latencyRow) {
 			cores(total), cores(c.runtime), cores(c.postgres), cores(c.nats+c.rabbit+c.redis), cores(c.self))
 	}
 	if r.txs > 0 {
-		cpu += fmt.Sprintf(" txs=%d msgs_per_tx=%.1f commits_over_256ms=%d", r.txs, r.achieved*r.cpu.wall.Seconds()/float64(r.txs), r.slowCommits)
+		cpu += fmt.Sprintf(" txs=%d msgs_per_tx=%.1f commits_over_256ms=%d pg_checkpoints=%d", r.txs, r.achieved*r.cpu.wall.Seconds()/float64(r.txs), r.slowCommits, r.checkpoints)
 	}
 	if r.probe != "" {
 		cpu += " " + r.probe
@@ -141,6 +143,13 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 		env = append(env, "IDC_CPU_PROFILE="+fmt.Sprintf("%s/%s-%s-%s-%.2f-{replica}.pprof", dir, name, schema,
 			strings.ToLower(string(cfg.Delivery.Batching)), load))
 	}
+	// Every row starts from a checkpoint, so that one row does not pay for
+	// the WAL the rows before it wrote (a checkpoint the earlier rows'
+	// WAL forces in the middle of a window stalls COMMITs; one the row's
+	// own WAL forces is its own cost, and the line counts them).
+	if _, err := t.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		b.Fatalf("CHECKPOINT before the row: %v", err)
+	}
 	rs := t.startReplicas(b, cfg, replicas, env...)
 	t.waitForTable(b, schema+".inbox")
 	listener := t.listenCommits(b, schema)
@@ -154,7 +163,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	start := time.Now()
 	var windowStart, windowEnd time.Time
 	var cpuStart cpuSnapshot
-	var txStart, slowStart int
+	var txStart, slowStart, ckptStart int
 	sent := 0
 	for sent < total {
 		due := min(total, int(rate*time.Since(start).Seconds())+1)
@@ -172,12 +181,14 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 			cpuStart = takeCPU(rs.pids()...)
 			txStart, _ = rs.commits()
 			slowStart = rs.slowCommits()
+			ckptStart = t.checkpoints(b)
 		}
 		time.Sleep(time.Millisecond)
 	}
 	windowEnd = time.Now()
 	probe := probes()
 	cpu := cpuSince(cpuStart, rs.pids()...)
+	ckpts := t.checkpoints(b) - ckptStart
 	txEnd, _ := rs.commits()
 	slow := rs.slowCommits() - slowStart
 	// Wait until every message is claimed (and so committed).
@@ -268,7 +279,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: batching, load: load,
 		offered: float64(measured) / w, achieved: float64(inWindow) / w, msgs: len(lat),
 		p50: quantile(lat, 0.50), p99: quantile(lat, 0.99), p999: quantile(lat, 0.999), maxLat: lat[len(lat)-1], cpu: cpu,
-		txs: txEnd - txStart, slowCommits: slow, probe: probe}
+		txs: txEnd - txStart, slowCommits: slow, checkpoints: ckpts, probe: probe}
 }
 
 // quantile of sorted durations (nearest rank).
@@ -612,13 +623,22 @@ func (t *throughputEnv) startProbes(b *testing.B) func() string {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The disk's own flush latency, beside PostgreSQL's: 8 KiB written and
+	// fdatasync'ed to a file on the filesystem PostgreSQL's WAL is on here
+	// (one disk), so a stalled COMMIT can be told apart from a stalled disk.
+	f, err := os.CreateTemp("", "idc-bench-fsync-*")
+	if err != nil {
+		b.Fatal(err)
+	}
+	page := make([]byte, 8192)
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	var natsMax, pgMax time.Duration
-	var natsSlow, pgSlow int
+	var natsMax, pgMax, syncMax time.Duration
+	var natsSlow, pgSlow, syncSlow int
 	go func() {
 		defer close(done)
 		defer nc.Close()
+		defer func() { _ = f.Close(); _ = os.Remove(f.Name()) }()
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -643,12 +663,36 @@ func (t *throughputEnv) startProbes(b *testing.B) func() string {
 					pgSlow++
 				}
 			}
+			start = time.Now()
+			if _, err := f.WriteAt(page, 0); err == nil && syscall.Fdatasync(int(f.Fd())) == nil {
+				d := time.Since(start)
+				syncMax = max(syncMax, d)
+				if d > 250*time.Millisecond {
+					syncSlow++
+				}
+			}
 		}
 	}()
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return func() string {
 		close(stop)
 		<-done
-		return fmt.Sprintf("probe_nats_max_ms=%.1f probe_nats_over_250ms=%d probe_pg_max_ms=%.1f probe_pg_over_250ms=%d",
-			float64(natsMax.Microseconds())/1000, natsSlow, float64(pgMax.Microseconds())/1000, pgSlow)
+		return fmt.Sprintf("probe_nats_max_ms=%.1f probe_nats_over_250ms=%d probe_pg_max_ms=%.1f probe_pg_over_250ms=%d probe_fsync_max_ms=%.1f probe_fsync_over_250ms=%d",
+			ms(natsMax), natsSlow, ms(pgMax), pgSlow, ms(syncMax), syncSlow)
 	}
+}
+
+// checkpoints is how many checkpoints PostgreSQL has begun since its
+// statistics were reset (pg_stat_bgwriter on PostgreSQL 15 and 16,
+// pg_stat_checkpointer from 17).
+func (t *throughputEnv) checkpoints(b *testing.B) int {
+	b.Helper()
+	var n int
+	err := t.pool.QueryRow(context.Background(), `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&n)
+	if err != nil {
+		if err2 := t.pool.QueryRow(context.Background(), `SELECT num_timed + num_requested FROM pg_stat_checkpointer`).Scan(&n); err2 != nil {
+			b.Fatalf("reading the checkpoint count: %v; %v", err, err2)
+		}
+	}
+	return n
 }
