@@ -567,6 +567,13 @@ func (t *throughputEnv) latencyRows(b *testing.B, jetStreamMax, rabbitMax, redis
 		r.loadOf = "sustained_max"
 		printLatency(r)
 	}
+	t.brokerLatencyRows(b, rabbitMax, redisMax, kafkaMax)
+}
+
+// brokerLatencyRows prints the RabbitMQ, Redis Streams and Kafka (kfake)
+// LATENCY lines at 50% of their own rows (a zero rate skips the row).
+func (t *throughputEnv) brokerLatencyRows(b *testing.B, rabbitMax, redisMax, kafkaMax float64) {
+	b.Helper()
 	if rabbitMax > 0 {
 		printLatency(t.latencyRabbitMQ(b, 0.5*rabbitMax, 0.5))
 	}

@@ -180,6 +180,27 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			t.latencyRows(b, r.rate(), 0, 0, 0)
 			continue
 		}
+		if item := strings.TrimSpace(item); item == "latency-rabbitmq" || item == "latency-redis" || item == "latency-kafka" {
+			// One broker's latency row at 50% of its own 2 x 500 row,
+			// measured here first.
+			var r row
+			var rates [3]float64
+			switch item {
+			case "latency-rabbitmq":
+				r = t.runRabbitMQ(b, 2, 500)
+				rates[0] = r.rate()
+			case "latency-redis":
+				r = t.runRedis(b, 2, 500)
+				rates[1] = r.rate()
+			default:
+				r = t.runKafka(b, 2, 500)
+				rates[2] = r.rate()
+			}
+			printRow(r)
+			printCPU(r)
+			t.brokerLatencyRows(b, rates[0], rates[1], rates[2])
+			continue
+		}
 		if strings.TrimSpace(item) == "rabbitmq" {
 			// RabbitMQ alone and RabbitMQ -> upsert, with their ratio.
 			alone := t.rabbitAlone(b, 2)
