@@ -273,14 +273,8 @@ type row struct {
 	note     string
 	// cpu is where the cores went while the row was timed.
 	cpu *cpuUse
-	// lockWaits is how many backends sampleLockWaits found waiting on
-	// Lock:transactionid (another transaction's row lock) over
-	// lockSamples samples of pg_stat_activity during the row.
-	lockWaits, lockSamples int
-	// claimWaits are the lockWaits of the inbox claim (an id another
-	// transaction claimed and has not committed yet); the rest wait in
-	// the effect (a key another transaction upserted).
-	claimWaits int
+	// locks is what sampleLockWaits saw during the row (JetStream rows).
+	locks lockStats
 }
 
 func (r row) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -310,22 +304,37 @@ func printCPU(r row) {
 }
 
 func printLocks(r row) {
-	if r.lockSamples > 0 {
-		fmt.Printf("LOCKS row=%s replicas=%d batch=%d lock_transactionid_waits=%d (claim %d, effect %d) samples=%d every=%s\n",
-			r.name, r.replicas, r.batch, r.lockWaits, r.claimWaits, r.lockWaits-r.claimWaits, r.lockSamples, lockSampleEvery)
+	if l := r.locks; l.samples > 0 {
+		fmt.Printf("LOCKS row=%s replicas=%d batch=%d lock_transactionid_waits=%d (claim %d, effect %d) samples=%d every=%s holders: committing=%d idle_in_tx=%d chained=%d running=%d\n",
+			r.name, r.replicas, r.batch, l.waits, l.claim, l.waits-l.claim, l.samples, lockSampleEvery, l.committing, l.idle, l.chained, l.running)
 	}
 }
 
 // lockSampleEvery is how often sampleLockWaits reads pg_stat_activity.
 const lockSampleEvery = 10 * time.Millisecond
 
-// sampleLockWaits counts, every lockSampleEvery until the returned func is
-// called, the backends waiting on another transaction's row lock
-// (wait_event Lock:transactionid): replicas upserting the same keys.
-func (t *throughputEnv) sampleLockWaits() func() (waits, claimWaits, samples int) {
+// lockStats is what sampleLockWaits saw over a row.
+type lockStats struct {
+	// waits is how many backends it found waiting on another
+	// transaction's row lock over samples samples; claim of them in the
+	// inbox claim (an id another transaction claimed and has not committed
+	// yet), the rest in the effect (a key another transaction upserted).
+	waits, claim, samples int
+	// What the transactions they waited for were doing (each counted once
+	// per sample): in COMMIT (its WAL flush), idle in transaction (between
+	// two statements: the client's round trip), waiting on a lock
+	// themselves (a chain), or running a statement.
+	committing, idle, chained, running int
+}
+
+// sampleLockWaits samples pg_stat_activity every lockSampleEvery until the
+// returned func is called: the backends waiting on another transaction's
+// row lock (wait_event Lock:transactionid: replicas upserting the same
+// keys) and what their blockers were doing.
+func (t *throughputEnv) sampleLockWaits() func() lockStats {
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	var waits, claims, samples int
+	var st lockStats
 	go func() {
 		defer close(done)
 		tick := time.NewTicker(lockSampleEvery)
@@ -336,21 +345,32 @@ func (t *throughputEnv) sampleLockWaits() func() (waits, claimWaits, samples int
 				return
 			case <-tick.C:
 			}
-			var n, claim int
-			err := t.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE query LIKE 'INSERT INTO %inbox%')
-				FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'`).Scan(&n, &claim)
+			var n, claim, committing, idle, chained, running int
+			err := t.pool.QueryRow(context.Background(), `WITH w AS (
+					SELECT pid, query FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'),
+				h AS (SELECT DISTINCT unnest(pg_blocking_pids(w.pid)) AS pid FROM w)
+				SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM w WHERE query LIKE 'INSERT INTO %inbox%'),
+					count(*) FILTER (WHERE b.state = 'active' AND b.query ILIKE 'commit%'),
+					count(*) FILTER (WHERE b.state LIKE 'idle in transaction%'),
+					count(*) FILTER (WHERE b.state = 'active' AND NOT b.query ILIKE 'commit%' AND b.wait_event_type = 'Lock'),
+					count(*) FILTER (WHERE b.state = 'active' AND NOT b.query ILIKE 'commit%' AND b.wait_event_type IS DISTINCT FROM 'Lock')
+				FROM h JOIN pg_stat_activity b ON b.pid = h.pid`).Scan(&n, &claim, &committing, &idle, &chained, &running)
 			if err == nil {
-				waits += n
-				claims += claim
-				samples++
+				st.waits += n
+				st.claim += claim
+				st.committing += committing
+				st.idle += idle
+				st.chained += chained
+				st.running += running
+				st.samples++
 			}
 		}
 	}()
-	return func() (int, int, int) {
+	return func() lockStats {
 		close(stop)
 		<-done
-		return waits, claims, samples
+		return st
 	}
 }
 
@@ -771,13 +791,13 @@ func (t *throughputEnv) runJetStreamEnv(b *testing.B, replicas, batch int, batch
 	rs.acked = t.jetStreamAcked(stream, "c_"+schema, len(t.w.bodies))
 	locks := t.sampleLockWaits()
 	timed, elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
-	lockWaits, claimWaits, lockSamples := locks()
+	lockStats := locks()
 	t.checkResult(b, schema)
 	if err := t.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
 		b.Fatalf("deleting the row's durable consumer: %v", err)
 	}
 	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu,
-		lockWaits: lockWaits, claimWaits: claimWaits, lockSamples: lockSamples}
+		locks: lockStats}
 }
 
 // jetStreamAcked counts the messages the durable consumer has had
