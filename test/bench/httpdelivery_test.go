@@ -99,6 +99,13 @@ func httpBodies() [][]byte {
 // publishStream creates a stream named prefix_<time> holding bodies.
 func (t *throughputEnv) publishStream(b *testing.B, prefix string, bodies [][]byte) string {
 	b.Helper()
+	return t.publishStreamTo(b, prefix, bodies, func(stream string, _ []byte) string { return stream + ".orders" })
+}
+
+// publishStreamTo is publishStream with each body's subject chosen by
+// subject(stream name, body).
+func (t *throughputEnv) publishStreamTo(b *testing.B, prefix string, bodies [][]byte, subject func(stream string, body []byte) string) string {
+	b.Helper()
 	name := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -107,7 +114,7 @@ func (t *throughputEnv) publishStream(b *testing.B, prefix string, bodies [][]by
 	}
 	b.Cleanup(func() { _ = t.js.DeleteStream(context.Background(), name) })
 	for _, body := range bodies {
-		if _, err := t.js.PublishAsync(name+".orders", body); err != nil {
+		if _, err := t.js.PublishAsync(subject(name, body), body); err != nil {
 			b.Fatalf("publishing: %v", err)
 		}
 	}

@@ -643,67 +643,33 @@ func (t *throughputEnv) startProbes(b *testing.B) func() string {
 	}
 	page := make([]byte, 8192)
 	stop := make(chan struct{})
-	done := make(chan struct{})
-	syncDone := make(chan struct{})
-	var natsMax, pgMax, syncMax time.Duration
-	var natsSlow, pgSlow, syncSlow int
-	go func() {
-		defer close(syncDone)
-		defer func() { _ = f.Close(); _ = os.Remove(f.Name()) }()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			start := time.Now()
-			if _, err := f.WriteAt(page, 0); err == nil && syscall.Fdatasync(int(f.Fd())) == nil {
-				d := time.Since(start)
-				syncMax = max(syncMax, d)
-				if d > 250*time.Millisecond {
-					syncSlow++
-				}
-			}
+	var natsP, pgP, syncP probeStat
+	syncDone := tickUntil(stop, 20*time.Millisecond, func() {
+		start := time.Now()
+		if _, err := f.WriteAt(page, 0); err == nil && syscall.Fdatasync(int(f.Fd())) == nil {
+			syncP.add(time.Since(start))
 		}
-	}()
-	go func() {
-		defer close(done)
-		defer nc.Close()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			start := time.Now()
-			if err := nc.FlushTimeout(5 * time.Second); err == nil {
-				d := time.Since(start)
-				natsMax = max(natsMax, d)
-				if d > 250*time.Millisecond {
-					natsSlow++
-				}
-			}
-			start = time.Now()
-			if _, err := t.pool.Exec(context.Background(), "SELECT 1"); err == nil {
-				d := time.Since(start)
-				pgMax = max(pgMax, d)
-				if d > 250*time.Millisecond {
-					pgSlow++
-				}
-			}
+	})
+	done := tickUntil(stop, 20*time.Millisecond, func() {
+		start := time.Now()
+		if err := nc.FlushTimeout(5 * time.Second); err == nil {
+			natsP.add(time.Since(start))
 		}
-	}()
+		start = time.Now()
+		if _, err := t.pool.Exec(context.Background(), "SELECT 1"); err == nil {
+			pgP.add(time.Since(start))
+		}
+	})
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return func() string {
 		close(stop)
 		<-done
 		<-syncDone
+		nc.Close()
+		_ = f.Close()
+		_ = os.Remove(f.Name())
 		return fmt.Sprintf("probe_nats_max_ms=%.1f probe_nats_over_250ms=%d probe_pg_max_ms=%.1f probe_pg_over_250ms=%d probe_fsync_max_ms=%.1f probe_fsync_over_250ms=%d",
-			ms(natsMax), natsSlow, ms(pgMax), pgSlow, ms(syncMax), syncSlow)
+			ms(natsP.max), natsP.slow, ms(pgP.max), pgP.slow, ms(syncP.max), syncP.slow)
 	}
 }
 
@@ -720,4 +686,37 @@ func (t *throughputEnv) checkpoints(b *testing.B) int {
 		}
 	}
 	return n
+}
+
+// probeStat is one probe's longest round trip and its count over 250 ms.
+type probeStat struct {
+	max  time.Duration
+	slow int
+}
+
+func (p *probeStat) add(d time.Duration) {
+	p.max = max(p.max, d)
+	if d > 250*time.Millisecond {
+		p.slow++
+	}
+}
+
+// tickUntil calls fn every period, in a goroutine of its own, until stop is
+// closed; the returned channel is closed once it returned.
+func tickUntil(stop <-chan struct{}, every time.Duration, fn func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			fn()
+		}
+	}()
+	return done
 }

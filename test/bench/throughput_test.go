@@ -375,59 +375,53 @@ type lockStats struct {
 // keys) and what their blockers were doing.
 func (t *throughputEnv) sampleLockWaits() func() lockStats {
 	stop := make(chan struct{})
-	done := make(chan struct{})
-	holders := os.Getenv("IDC_BENCH_LOCK_HOLDERS") == "1"
-	st := lockStats{holders: holders}
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(lockSampleEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			var n, claim, committing, idle, chained, running, other int
-			if !holders {
-				err := t.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE query LIKE 'INSERT INTO %inbox%')
-					FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'`).Scan(&n, &claim)
-				if err == nil {
-					st.waits += n
-					st.claim += claim
-					st.samples++
-				}
-				continue
-			}
-			err := t.pool.QueryRow(context.Background(), `WITH w AS (
-					SELECT pid, query FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'),
-				h AS (SELECT DISTINCT unnest(pg_blocking_pids(w.pid)) AS pid FROM w)
-				SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM w WHERE query LIKE 'INSERT INTO %inbox%'),
-					count(*) FILTER (WHERE b.state = 'active' AND b.query ILIKE 'commit%'),
-					count(*) FILTER (WHERE b.state LIKE 'idle in transaction%'),
-					count(*) FILTER (WHERE b.state = 'active' AND NOT b.query ILIKE 'commit%' AND b.wait_event_type = 'Lock'),
-					count(*) FILTER (WHERE b.state = 'active' AND NOT b.query ILIKE 'commit%' AND b.wait_event_type IS DISTINCT FROM 'Lock'),
-					count(*) FILTER (WHERE b.state IS DISTINCT FROM 'active' AND b.state NOT LIKE 'idle in transaction%')
-				FROM h JOIN pg_stat_activity b ON b.pid = h.pid`).Scan(&n, &claim, &committing, &idle, &chained, &running, &other)
-			if err == nil {
-				st.waits += n
-				st.claim += claim
-				st.committing += committing
-				st.idle += idle
-				st.chained += chained
-				st.running += running
-				st.other += other
-				st.samples++
-			}
+	st := lockStats{holders: os.Getenv("IDC_BENCH_LOCK_HOLDERS") == "1"}
+	done := tickUntil(stop, lockSampleEvery, func() {
+		if one, err := t.lockSample(st.holders); err == nil {
+			st.add(one)
 		}
-	}()
+	})
 	return func() lockStats {
 		close(stop)
 		<-done
 		return st
 	}
+}
+
+// lockSample is one look at pg_stat_activity: the waiters, and with
+// holders what their blockers were doing.
+func (t *throughputEnv) lockSample(holders bool) (lockStats, error) {
+	var one lockStats
+	if !holders {
+		err := t.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE query LIKE 'INSERT INTO %inbox%')
+			FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'`).Scan(&one.waits, &one.claim)
+		return one, err
+	}
+	err := t.pool.QueryRow(context.Background(), `WITH w AS (
+			SELECT pid, query FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'transactionid'),
+		h AS (SELECT DISTINCT unnest(pg_blocking_pids(w.pid)) AS pid FROM w)
+		SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM w WHERE query LIKE 'INSERT INTO %inbox%'),
+			count(*) FILTER (WHERE b.state = 'active' AND b.query ILIKE 'commit%'),
+			count(*) FILTER (WHERE b.state LIKE 'idle in transaction%'),
+			count(*) FILTER (WHERE b.state = 'active' AND NOT b.query ILIKE 'commit%' AND b.wait_event_type = 'Lock'),
+			count(*) FILTER (WHERE b.state = 'active' AND NOT b.query ILIKE 'commit%' AND b.wait_event_type IS DISTINCT FROM 'Lock'),
+			count(*) FILTER (WHERE b.state IS DISTINCT FROM 'active' AND b.state NOT LIKE 'idle in transaction%')
+		FROM h JOIN pg_stat_activity b ON b.pid = h.pid`).Scan(&one.waits, &one.claim, &one.committing, &one.idle, &one.chained, &one.running, &one.other)
+	return one, err
+}
+
+// add counts one sample.
+func (st *lockStats) add(one lockStats) {
+	st.waits += one.waits
+	st.claim += one.claim
+	st.committing += one.committing
+	st.idle += one.idle
+	st.chained += one.chained
+	st.running += one.running
+	st.other += one.other
+	st.samples++
 }
 
 // workload is the stream content of every row: keys x versions unique
@@ -914,31 +908,15 @@ func (t *throughputEnv) runJetStreamPartitioned(b *testing.B, parts, batch int) 
 // message to <stream>.p<fnv32a(key) mod parts>.orders.
 func (t *throughputEnv) partitionedStream(b *testing.B, parts int) string {
 	b.Helper()
-	name := fmt.Sprintf("IDC_PART%d_%d", parts, time.Now().UnixNano())
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := t.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
-		b.Fatalf("creating stream: %v", err)
-	}
-	b.Cleanup(func() { _ = t.js.DeleteStream(context.Background(), name) })
-	for _, body := range t.w.bodies {
+	return t.publishStreamTo(b, fmt.Sprintf("IDC_PART%d", parts), t.w.bodies, func(stream string, body []byte) string {
 		var o order
 		if err := json.Unmarshal(body, &o); err != nil {
 			b.Fatal(err)
 		}
 		h := fnv.New32a()
 		_, _ = h.Write([]byte(o.Key))
-		p := int(h.Sum32() % uint32(parts))
-		if _, err := t.js.PublishAsync(fmt.Sprintf("%s.p%d.orders", name, p), body); err != nil {
-			b.Fatalf("publishing: %v", err)
-		}
-	}
-	select {
-	case <-t.js.PublishAsyncComplete():
-	case <-ctx.Done():
-		b.Fatal("publishing did not complete")
-	}
-	return name
+		return fmt.Sprintf("%s.p%d.orders", stream, h.Sum32()%uint32(parts))
+	})
 }
 
 // jetStreamAcked counts the messages the durable consumer has had

@@ -55,19 +55,9 @@ func TestSequenceGate(t *testing.T) {
 	const keys, versions = 40, 25
 	b := newJetStream(t, 30*time.Second)
 	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (key text PRIMARY KEY, version int NOT NULL, status text NOT NULL)",
-		"CREATE TABLE app.changes (key text, old_version int, new_version int)",
-		`CREATE FUNCTION app.log_change() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN
-		   INSERT INTO app.changes VALUES (NEW.key, CASE WHEN TG_OP = 'UPDATE' THEN OLD.version END, NEW.version);
-		   RETURN NEW;
-		 END $$`,
-		"CREATE TRIGGER log_change AFTER INSERT OR UPDATE ON app.orders FOR EACH ROW EXECUTE FUNCTION app.log_change()")
+	createGatedOrders(t, db)
 	cfg := appendConfig(b.sourceConfig(), dsnEnvFor(t, db))
-	cfg.Message.Entity = &config.Entity{Key: config.Extractor{JSONPath: "$.key"}, Sequence: config.Extractor{JSONPath: "$.version"}}
-	cfg.Sink.Effect = config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"key"}, SequenceColumn: "version",
-		Columns: map[string]string{"key": "$.key", "version": "$.version", "status": "$.status"}}}
+	gateOrders(cfg)
 	cfg.Delivery.BatchSize = 60
 	migrateInbox(t, db, cfg)
 
@@ -166,4 +156,27 @@ func TestTerminatedConnectionsUnderLoad(t *testing.T) {
 	db.pool.Reset() // drop connections the killer left dead
 	checkExactlyOnce(t, db, b, unique)
 	t.Logf("%d messages (%d unique) settled while %d backends were terminated in %d rounds", len(msgs), unique, killed.Load(), rounds.Load())
+}
+
+// createGatedOrders creates app.orders (one row per key, its version) and
+// app.changes, where a trigger logs every row change the database made.
+func createGatedOrders(t *testing.T, db *database) {
+	t.Helper()
+	db.exec(t, "CREATE SCHEMA app",
+		"CREATE TABLE app.orders (key text PRIMARY KEY, version int NOT NULL, status text NOT NULL)",
+		"CREATE TABLE app.changes (key text, old_version int, new_version int)",
+		`CREATE FUNCTION app.log_change() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		   INSERT INTO app.changes VALUES (NEW.key, CASE WHEN TG_OP = 'UPDATE' THEN OLD.version END, NEW.version);
+		   RETURN NEW;
+		 END $$`,
+		"CREATE TRIGGER log_change AFTER INSERT OR UPDATE ON app.orders FOR EACH ROW EXECUTE FUNCTION app.log_change()")
+}
+
+// gateOrders makes cfg upsert app.orders through the sequence gate ($.key,
+// $.version).
+func gateOrders(cfg *config.Config) {
+	cfg.Message.Entity = &config.Entity{Key: config.Extractor{JSONPath: "$.key"}, Sequence: config.Extractor{JSONPath: "$.version"}}
+	cfg.Sink.Effect = config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"key"}, SequenceColumn: "version",
+		Columns: map[string]string{"key": "$.key", "version": "$.version", "status": "$.status"}}}
 }

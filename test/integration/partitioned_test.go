@@ -23,15 +23,7 @@ func TestPartitionedConsumers(t *testing.T) {
 	const keys, versions, parts = 60, 20, 2
 	b := newJetStream(t, 30*time.Second)
 	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (key text PRIMARY KEY, version int NOT NULL, status text NOT NULL)",
-		"CREATE TABLE app.changes (key text, old_version int, new_version int)",
-		`CREATE FUNCTION app.log_change() RETURNS trigger LANGUAGE plpgsql AS $$
-		 BEGIN
-		   INSERT INTO app.changes VALUES (NEW.key, CASE WHEN TG_OP = 'UPDATE' THEN OLD.version END, NEW.version);
-		   RETURN NEW;
-		 END $$`,
-		"CREATE TRIGGER log_change AFTER INSERT OR UPDATE ON app.orders FOR EACH ROW EXECUTE FUNCTION app.log_change()")
+	createGatedOrders(t, db)
 	dsnEnv := dsnEnvFor(t, db)
 	partition := func(key string) int {
 		h := fnv.New32a()
@@ -79,9 +71,7 @@ func TestPartitionedConsumers(t *testing.T) {
 		cfg := appendConfig(config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: b.stream,
 			Consumer: fmt.Sprintf("orders_p%d", p), FilterSubject: fmt.Sprintf("%s.%d.*", b.subject, p)}}, dsnEnv)
 		cfg.Sink.InboxTable = fmt.Sprintf("inbox_orders_p%d", p)
-		cfg.Message.Entity = &config.Entity{Key: config.Extractor{JSONPath: "$.key"}, Sequence: config.Extractor{JSONPath: "$.version"}}
-		cfg.Sink.Effect = config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"key"}, SequenceColumn: "version",
-			Columns: map[string]string{"key": "$.key", "version": "$.version", "status": "$.status"}}}
+		gateOrders(cfg)
 		cfg.Delivery.BatchSize = 40
 		migrateInbox(t, db, cfg)
 		runners[p] = startRunner(t, cfg, db, fmt.Sprintf("partition-%d", p))
