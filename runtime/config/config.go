@@ -182,6 +182,11 @@ type Sink struct {
 	Layout          Layout `json:"layout"`
 	DeadLetterTable string `json:"deadLetterTable,omitempty"`
 	Effect          Effect `json:"effect"`
+	// InboxEpoch is the epoch of the inbox the controller provisioned
+	// (status.inbox.epoch): the runtime, its prune and redrive Jobs claim
+	// into that inbox only, and hold when it is lost ("" before the
+	// controller recorded one).
+	InboxEpoch string `json:"inboxEpoch,omitempty"`
 }
 
 // Effect holds exactly one effect block. Column and parameter values are

@@ -17,44 +17,92 @@ import (
 // when the store asks for them and upgraded when they exist. It is
 // idempotent and safe to run from several replicas at once (they serialize
 // on an advisory lock). It refuses an existing inbox of the other layout:
-// the layout cannot change in place.
+// the layout cannot change in place. A store that expects an epoch
+// (WithExpectedEpoch: the runtime's config) never re-creates a lost inbox:
+// it returns the *LostError instead.
 func (s *Store) Migrate(ctx context.Context) error {
+	_, err := s.MigrateFor(ctx, nil)
+	return err
+}
+
+// MigrateFor is Migrate for the controller's claim c: in the same locked
+// transaction it refuses an inbox that is lost (unless c.AcceptLoss) or
+// another resource's (unless c.AdoptFrom names it), records c's owner,
+// and mints the epoch of a new inbox (or of one a person accepted). It
+// returns the inbox's identity.
+func (s *Store) MigrateFor(ctx context.Context, c *OwnerClaim) (Identity, error) {
+	var id Identity
 	if err := s.ensureSchema(ctx); err != nil {
-		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
+		return id, fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		st, err := s.readState(ctx, tx)
 		if err != nil {
 			return err
 		}
-		if st.version >= tablesUnchangedSince && st.version <= SchemaVersion && st.layout == string(s.layout) {
-			// An inbox whose tables have their current shape runs no DDL on
-			// them: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when
-			// there is nothing to add, which would stall (or deadlock with)
-			// the replicas already consuming. Only an optional table it now
-			// uses is created, and the version recorded.
-			if err := execAll(ctx, tx, s.optionalDDL(st, false)); err != nil || st.version == SchemaVersion {
+		if err := s.refusal(st, c); err != nil {
+			return err
+		}
+		if err := s.migrateTables(ctx, tx, st); err != nil {
+			return err
+		}
+		if st.fresh() || st.version == 0 {
+			st = inboxState{hasMeta: true, hasInbox: true, layout: string(s.layout), version: SchemaVersion}
+		}
+		if !st.identityDone(c) {
+			if st.epoch, err = s.writeIdentity(ctx, tx, st, c); err != nil {
 				return err
 			}
-			return s.recordVersion(ctx, tx)
+			if c != nil {
+				st.owner = c.Owner
+			}
 		}
-		if st.fresh() {
-			// A new inbox: every table at its current shape and the version
-			// recorded, in one round trip.
-			stmts := append(s.ddl(), s.optionalDDL(st, false)...)
-			return execAll(ctx, tx, append(stmts, s.metaDDL(), s.insertVersion()))
+		id.Owner, id.Epoch = st.owner, st.epoch
+		id.Database, err = s.physicalDatabase(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return id, fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
+	}
+	return id, nil
+}
+
+// migrateTables brings the tables of st to this version's shape.
+func (s *Store) migrateTables(ctx context.Context, tx pgx.Tx, st inboxState) error {
+	if st.version >= tablesUnchangedSince && st.version <= SchemaVersion && st.layout == string(s.layout) {
+		// An inbox whose tables have their current shape runs no DDL on
+		// them: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when
+		// there is nothing to add, which would stall (or deadlock with)
+		// the replicas already consuming. Only an optional table it now
+		// uses is created, the meta row given its owner and epoch columns
+		// (a table no claim touches), and the version recorded.
+		stmts := s.optionalDDL(st, false)
+		if !st.hasInbox {
+			// The inbox table is gone and a person accepted the loss
+			// (MigrateFor refuses it otherwise): every table is created
+			// again where missing.
+			stmts = append(s.ddl(), stmts...)
 		}
-		stmts := append(s.ddl(), s.upgradeDDL()...)
-		stmts = append(stmts, s.optionalDDL(st, true)...)
-		if err := execAll(ctx, tx, append(stmts, s.metaDDL())); err != nil {
+		if st.version < 7 {
+			stmts = append(stmts, s.metaUpgradeDDL())
+		}
+		if err := execAll(ctx, tx, stmts); err != nil || st.version == SchemaVersion {
 			return err
 		}
 		return s.recordVersion(ctx, tx)
-	})
-	if err != nil {
-		return fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
 	}
-	return nil
+	if st.fresh() {
+		// A new inbox: every table at its current shape and the version
+		// recorded, in one round trip.
+		stmts := append(s.ddl(), s.optionalDDL(st, false)...)
+		return execAll(ctx, tx, append(stmts, s.metaDDL(), s.insertVersion()))
+	}
+	stmts := append(s.ddl(), s.upgradeDDL()...)
+	stmts = append(stmts, s.optionalDDL(st, true)...)
+	if err := execAll(ctx, tx, append(stmts, s.metaDDL(), s.metaUpgradeDDL())); err != nil {
+		return err
+	}
+	return s.recordVersion(ctx, tx)
 }
 
 // tablesUnchangedSince is the oldest schema version whose tables already
@@ -69,6 +117,9 @@ type inboxState struct {
 	hasInbox               bool   // the inbox table exists
 	hasMeta                bool   // the meta table exists
 	hasOutbox, hasRedrives bool
+	// epoch and owner as the meta row records them (schema version 7).
+	epoch string
+	owner Owner
 }
 
 // fresh: nothing of the inbox exists yet (an inbox from before the meta
@@ -87,14 +138,7 @@ func (s *Store) readState(ctx context.Context, q Querier) (inboxState, error) {
 	if !st.hasMeta {
 		return st, nil
 	}
-	err = q.QueryRow(ctx, `SELECT layout, schema_version FROM `+s.meta).Scan(&st.layout, &st.version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return inboxState{hasMeta: true, hasInbox: st.hasInbox, hasOutbox: st.hasOutbox, hasRedrives: st.hasRedrives}, nil
-	}
-	if err != nil {
-		return st, fmt.Errorf("while reading the schema version: %w", err)
-	}
-	return st, nil
+	return st, s.readIdentity(ctx, q, &st)
 }
 
 // upToDate: at this version and layout, with every optional table the
@@ -334,8 +378,22 @@ func (s *Store) metaDDL() string {
 			singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
 			schema_version int NOT NULL,
 			layout         text NOT NULL,
-			migrated_at    timestamptz NOT NULL DEFAULT now()
+			migrated_at    timestamptz NOT NULL DEFAULT now(),
+			owner_cluster   text,
+			owner_namespace text,
+			owner_name      text,
+			owner_uid       text,
+			epoch           text
 		)`
+}
+
+// metaUpgradeDDL gives a meta table of schema version 6 or older what 7
+// added: the owner and the epoch (nullable: a catalog change on a
+// one-row table that no claim reads).
+func (s *Store) metaUpgradeDDL() string {
+	return `ALTER TABLE ` + s.meta + ` ADD COLUMN IF NOT EXISTS owner_cluster text,
+			ADD COLUMN IF NOT EXISTS owner_namespace text, ADD COLUMN IF NOT EXISTS owner_name text,
+			ADD COLUMN IF NOT EXISTS owner_uid text, ADD COLUMN IF NOT EXISTS epoch text`
 }
 
 // insertVersion records the version and layout of a new inbox.
@@ -405,9 +463,11 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 // schema is kept: it may hold the user's own tables. Idempotent. It refuses
 // (ErrNotOperatorInbox) unless the inbox's meta table marks the tables as
 // the operator's (ownInbox).
-func (s *Store) Drop(ctx context.Context) error {
+func (s *Store) Drop(ctx context.Context) error { return s.drop(ctx, nil) }
+
+func (s *Store) drop(ctx context.Context, owner *Owner) error {
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		if own, err := s.ownInbox(ctx, tx); err != nil || !own {
+		if own, err := s.ownInbox(ctx, tx, owner); err != nil || !own {
 			return err
 		}
 		// Dropping the partitioned parent drops its partitions too.
@@ -421,6 +481,7 @@ func (s *Store) Drop(ctx context.Context) error {
 			"DROP TABLE IF EXISTS " + s.progress,
 			"DROP TABLE IF EXISTS " + s.window,
 			"DROP TABLE IF EXISTS " + s.meta,
+			"DROP FUNCTION IF EXISTS " + qualify(s.names.Schema, DerivedName(s.names.Inbox, "_truncated")) + "()",
 		})
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"slices"
 	"context"
 	"fmt"
 	"regexp"
@@ -103,13 +104,32 @@ func (s *Store) ensureDays(ctx context.Context, days []time.Time) error {
 		return nil
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		stmts := make([]string, 0, len(missing))
-		for _, d := range missing {
+		names := make([]string, len(missing))
+		for i, d := range missing {
+			names[i] = qualify(s.names.Schema, s.PartitionName(d))
+		}
+		// Only partitions that do not exist yet are created and given the
+		// truncation trigger (when the inbox has one): a trigger created
+		// on a live partition would lock out its claims.
+		var absent []string
+		var triggered bool
+		if err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(n), '{}'), to_regprocedure($2) IS NOT NULL
+			FROM unnest($1::text[]) n WHERE to_regclass(n) IS NULL`, names,
+			qualify(s.names.Schema, DerivedName(s.names.Inbox, "_truncated"))+"()").Scan(&absent, &triggered); err != nil {
+			return fmt.Errorf("while looking for inbox partitions: %w", err)
+		}
+		stmts := make([]string, 0, 2*len(missing))
+		for i, d := range missing {
+			if !slices.Contains(absent, names[i]) {
+				continue
+			}
 			// Literal bounds are formatted from a time.Time, never from input.
 			stmts = append(stmts, fmt.Sprintf(
 				"CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-				qualify(s.names.Schema, s.PartitionName(d)), s.inbox,
-				d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly)))
+				names[i], s.inbox, d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly)))
+			if triggered {
+				stmts = append(stmts, s.truncationTrigger(names[i]))
+			}
 		}
 		return execAll(ctx, tx, stmts)
 	})
@@ -128,7 +148,12 @@ type partition struct {
 
 // listPartitions returns the day partitions of the inbox, oldest first.
 func (s *Store) listPartitions(ctx context.Context) ([]partition, error) {
-	rows, err := s.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	return s.listPartitionsIn(ctx, s.pool)
+}
+
+// listPartitionsIn is listPartitions through q (a transaction).
+func (s *Store) listPartitionsIn(ctx context.Context, q Querier) ([]partition, error) {
+	rows, err := q.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 		WHERE i.inhparent = $1::regclass`, s.inbox)
 	if err != nil {
 		return nil, fmt.Errorf("while listing inbox partitions: %w", err)

@@ -46,7 +46,12 @@ import (
 // carries 13 relations fewer (tables, sequences, indexes, TOAST) and is
 // provisioned about a third faster. Migrating from 5 changes nothing in
 // place: the tables a 5 inbox has are kept and upgraded as before.
-const SchemaVersion = 6
+//
+// 7 records the inbox's owner (cluster, namespace, name, UID) and epoch in
+// the meta row, and the epoch's marker row in the inbox table (identity.go).
+// Migrating from 5 or 6 adds nullable columns to the one-row meta table and
+// inserts one row: no claim waits on it.
+const SchemaVersion = 7
 
 // maxIdentifier is PostgreSQL's NAMEDATALEN-1: longer names are truncated
 // silently, which would make derived names collide.
@@ -122,6 +127,10 @@ type Options struct {
 	Outbox bool
 	// Redrives: the <inbox>_redrives log, which a redrive run writes.
 	Redrives bool
+	// Epoch, when set, is the epoch the inbox must hold (the runtime's
+	// config): Migrate refuses to create or adopt anything else, and
+	// Verify reports a *LostError when it no longer holds it.
+	Epoch string
 }
 
 // Option sets one of Options.
@@ -129,6 +138,10 @@ type Option func(*Options)
 
 // WithOutbox makes Migrate create the outbox table when on is true.
 func WithOutbox(on bool) Option { return func(o *Options) { o.Outbox = on } }
+
+// WithExpectedEpoch makes the store expect the inbox of epoch (see
+// Options.Epoch); "" expects none.
+func WithExpectedEpoch(epoch string) Option { return func(o *Options) { o.Epoch = epoch } }
 
 // WithRedrives makes Migrate create the redrives log.
 func WithRedrives() Option { return func(o *Options) { o.Redrives = true } }
@@ -149,6 +162,8 @@ type Store struct {
 	layout config.Layout
 	names  Names
 	opts   Options
+	// expectEpoch is opts.Epoch.
+	expectEpoch string
 
 	inbox, deadLetters, pruneRuns, redrives, idConflicts, outbox, meta, progress, window string // quoted, schema-qualified
 	// lockKey scopes advisory locks to this inbox, so two inboxes in one
@@ -177,6 +192,7 @@ func New(pool *pgxpool.Pool, sink config.Sink, opts ...Option) (*Store, error) {
 		layout:      sink.Layout,
 		names:       n,
 		opts:        o,
+		expectEpoch: o.Epoch,
 		inbox:       qualify(n.Schema, n.Inbox),
 		deadLetters: qualify(n.Schema, n.DeadLetters),
 		pruneRuns:   qualify(n.Schema, n.PruneRuns),
@@ -192,9 +208,11 @@ func New(pool *pgxpool.Pool, sink config.Sink, opts ...Option) (*Store, error) {
 }
 
 // ForConfig is New for a runtime config: the outbox table when the config
-// uses one (spec.emit, http delivery: Outbox), plus opts.
+// uses one (spec.emit, http delivery: Outbox), the epoch the controller
+// recorded (the inbox it provisioned is the only one to claim into), plus
+// opts.
 func ForConfig(pool *pgxpool.Pool, cfg *config.Config, opts ...Option) (*Store, error) {
-	return New(pool, cfg.Sink, append([]Option{WithOutbox(cfg.UsesOutbox())}, opts...)...)
+	return New(pool, cfg.Sink, append([]Option{WithOutbox(cfg.UsesOutbox()), WithExpectedEpoch(cfg.Sink.InboxEpoch)}, opts...)...)
 }
 
 // Names returns the table names of this inbox.
