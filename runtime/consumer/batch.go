@@ -223,6 +223,9 @@ func (c *Consumer) backoff(n int) time.Duration {
 
 // commit runs one transaction: claim, effect for the new ids, dead letters.
 func (c *Consumer) commit(ctx context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect) (outcome, error) {
+	if err := c.inboxLost(); err != nil {
+		return outcome{}, err
+	}
 	if err := c.ensurePartitionsFor(ctx, recs); err != nil {
 		return outcome{}, err
 	}

@@ -79,6 +79,11 @@ type Consumer struct {
 	crashed atomic.Pointer[panicked]
 	abort   crash
 
+	// lost is the inbox loss the guard found (inboxguard.go); lostChecks
+	// counts the checks that found it, the hold's step.
+	lost       atomic.Pointer[error]
+	lostChecks atomic.Int64
+
 	// progress is what this replica records in <inbox>_progress.
 	progress *progress
 
@@ -156,9 +161,10 @@ func (c *Consumer) Ready() bool { return c.Readiness() == nil }
 // they are left to the broker to redeliver); batches fetched but not started
 // stay unacknowledged.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.waitForDatabase(ctx) || !c.registerProgress(ctx) {
+	if !c.waitForDatabase(ctx) || !c.awaitInbox(ctx) || !c.registerProgress(ctx) {
 		return nil
 	}
+	go c.watchInbox(ctx)
 	go c.refreshStats(ctx)
 	go c.reportProgress(ctx)
 	c.pipeline(ctx)

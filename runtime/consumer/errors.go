@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // failureKind is what a failed transaction says, and so what the loop does.
@@ -45,6 +47,10 @@ const (
 	SinkReadOnly              = "read_only"
 	SinkAuthentication        = "authentication"
 	SinkUndefinedDatabase     = "undefined_database"
+	// SinkInboxLost: the inbox no longer holds the epoch this runtime
+	// started with (dropped, truncated, re-created): claiming into it would
+	// apply again what it had deduplicated (inbox.LostError).
+	SinkInboxLost = "inbox_lost"
 )
 
 // SinkReasons lists every reason, so the gauge can export each one (0 when
@@ -52,6 +58,7 @@ const (
 var SinkReasons = []string{
 	SinkUndefinedTable, SinkUndefinedColumn, SinkUndefinedObject, SinkNoUniqueConstraint,
 	SinkInsufficientPrivilege, SinkInvalidStatement, SinkReadOnly, SinkAuthentication, SinkUndefinedDatabase,
+	SinkInboxLost,
 }
 
 // sqlStateRule maps a SQLSTATE (5 characters) or class (its first 2) to a
@@ -114,6 +121,9 @@ func classifySQLState(code string) (failureKind, string) {
 // classify says what a failed transaction means (see failureKind); reason
 // is set for failureSink.
 func classify(err error) (failureKind, string) {
+	if inbox.IsLost(err) {
+		return failureSink, SinkInboxLost
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return classifySQLState(pgErr.Code)

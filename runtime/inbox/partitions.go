@@ -1,10 +1,10 @@
 package inbox
 
 import (
-	"slices"
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"time"

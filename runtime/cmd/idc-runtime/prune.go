@@ -134,6 +134,11 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 			return err
 		}
 	}
+	if err := store.Verify(ctx); err != nil {
+		// Not the inbox the controller provisioned (dropped, truncated,
+		// re-created): nothing is pruned until a person accepts the loss.
+		return withCode(exitRefused, fmt.Errorf("refusing to prune: %w", err))
+	}
 	stored, err := adoptWindow(ctx, store, derived, deriveErr)
 	if err != nil {
 		return err

@@ -231,9 +231,16 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	c.SetReplica(consumerName)
 	state.consumer.Store(c)
 	// Migrating here makes a pod work even before the controller provisioned
-	// the inbox; it is idempotent.
+	// the inbox; it is idempotent. It never re-creates the inbox of the
+	// epoch the config names once that is lost: the consumer then holds
+	// (inbox_lost) until a person accepts the loss.
 	if _, ok := retry(ctx, log, "migrate inbox", cfg.Delivery, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, store.Migrate(ctx)
+		err := store.Migrate(ctx)
+		if inbox.IsLost(err) {
+			log.Error(err, "The inbox this consumer deduplicates against is lost; holding: nothing is claimed or acknowledged until it is back or the loss is accepted on the IdempotentConsumer")
+			return struct{}{}, nil
+		}
+		return struct{}{}, err
 	}); !ok {
 		return nil
 	}
