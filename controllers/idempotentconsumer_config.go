@@ -76,6 +76,9 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 			InboxTable: string(s.Sink.Inbox.Table),
 			Layout:     config.Layout(s.Sink.Inbox.Layout),
 			Effect:     renderEffect(s),
+			// The epoch the inbox phase found (or minted) last: the runtime
+			// claims into that inbox only.
+			InboxEpoch: statusEpoch(idc),
 		},
 		Delivery: config.Delivery{
 			BatchSize:      int(s.Delivery.BatchSize),
@@ -113,6 +116,17 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 		return nil, err
 	}
 	return rc, nil
+}
+
+// withEpoch records the inbox's epoch in the config (re-encoded when it
+// changed): the ConfigMap the children phase applies names it, and a new
+// epoch rolls the pods.
+func (rc *renderedConfig) withEpoch(epoch string) error {
+	if rc.Config.Sink.InboxEpoch == epoch {
+		return nil
+	}
+	rc.Config.Sink.InboxEpoch = epoch
+	return rc.encode()
 }
 
 // encode sets JSON and Hash from Config.

@@ -17,11 +17,13 @@ const (
 	consumerIndexKey = ".spec.consumerIdentity"
 )
 
-// inboxIdentity names the inbox table: same connection Secret key, schema and
-// table means the same table.
+// inboxIdentity is the inbox's schema-qualified name. It only finds the
+// resources to wake when one goes away (rivalsOf): whether two resources
+// share one table is the database's to say (the inbox's meta row records
+// its owner, whatever Secret, namespace or cluster reaches it), never a
+// guess from Secret names.
 func inboxIdentity(idc *messagingv1alpha1.IdempotentConsumer) string {
-	ref := idc.Spec.Sink.Postgres.ConnectionSecretRef
-	return fmt.Sprintf("%s/%s/%s|%s.%s", idc.Namespace, ref.Name, ref.Key, schemaOf(idc), idc.Spec.Sink.Inbox.Table)
+	return schemaOf(idc) + "." + string(idc.Spec.Sink.Inbox.Table)
 }
 
 // consumerIdentity names the broker-side consumer whose messages this resource
@@ -51,10 +53,10 @@ func olderThan(a, b *messagingv1alpha1.IdempotentConsumer) bool {
 }
 
 // findConflict returns a message naming an older resource that claims the
-// same inbox table or broker consumer, or "" when there is none.
+// same broker consumer, or "" when there is none. The inbox's owner is
+// checked in the database (inboxPhase).
 func (r *Reconciler) findConflict(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer) (string, error) {
 	checks := []struct{ index, value, what string }{
-		{inboxIndexKey, inboxIdentity(idc), "inbox table " + schemaOf(idc) + "." + string(idc.Spec.Sink.Inbox.Table)},
 		{consumerIndexKey, consumerIdentity(idc), "broker consumer"},
 	}
 	for _, c := range checks {

@@ -87,6 +87,9 @@ type Options struct {
 	// that cannot be reached before it leaves the tables in place and lets
 	// the resource go (default 10m).
 	DropTimeout time.Duration
+	// ClusterID identifies the cluster in an inbox's owner record; empty
+	// reads the kube-system namespace's UID (--cluster-id).
+	ClusterID string
 }
 
 // Reconciler reconciles IdempotentConsumers.
@@ -109,6 +112,8 @@ type Reconciler struct {
 	sinkMemo *sinkMemo
 	// secretMemo spares a Secret GET while its version is unchanged.
 	secretMemo secretMemo
+	// cluster is the cluster's identity, read once.
+	cluster clusterIdentity
 }
 
 // NewReconciler builds the reconciler from a manager.
@@ -196,6 +201,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // and its pool.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	forgetBrokerLimits(key.Namespace, key.Name)
+	forgetInboxLost(key.Namespace, key.Name)
 	r.readings.forget(key)
 	r.applied.forget(key)
 	r.sinkMemo.forget(key)

@@ -79,14 +79,11 @@ func inboxNameOf(idc *messagingv1alpha1.IdempotentConsumer) string {
 //   - the Secret went first (deleting a namespace deletes it too): the
 //     tables cannot be found;
 //   - the database itself is gone (SQLSTATE 3D000): no tables are left;
-//   - a resource that lost a conflict never owned the tables: dropping them
-//     would destroy the winner's inbox;
+//   - the inbox records another owner (or none): dropping it would destroy
+//     another resource's dedup state (inbox.ErrNotOwner);
 //   - the inbox's meta table does not mark the tables as the operator's
 //     (inbox.ErrNotOperatorInbox): they are someone else's.
 func (r *Reconciler) dropInbox(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer) (string, error) {
-	if c := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue && c.Reason == messagingv1alpha1.ReasonConflict {
-		return "", nil
-	}
 	rc, err := renderConfig(idc)
 	if err != nil {
 		return "the spec no longer renders: " + err.Error(), nil
@@ -99,9 +96,13 @@ func (r *Reconciler) dropInbox(ctx context.Context, idc *messagingv1alpha1.Idemp
 	if err != nil {
 		return "", err
 	}
-	s := &scope{idc: idc, key: client.ObjectKeyFromObject(idc), rc: rc, secrets: secrets}
+	claim, err := r.ownerClaim(ctx, idc)
+	if err != nil {
+		return "", err
+	}
+	s := &scope{idc: idc, key: client.ObjectKeyFromObject(idc), rc: rc, secrets: secrets, claim: claim}
 	if err := r.opts.Sink.Drop(ctx, s.target()); err != nil {
-		if errors.Is(err, inbox.ErrNotOperatorInbox) {
+		if errors.Is(err, inbox.ErrNotOperatorInbox) || errors.Is(err, inbox.ErrNotOwner) {
 			// Not ours to drop: refused for good, the resource goes.
 			return "refusing to drop them: " + errtext.Of(err), nil
 		}

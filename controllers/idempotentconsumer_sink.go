@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -38,7 +39,7 @@ func needsHuman(reason string) bool {
 	case messagingv1alpha1.ReasonPermissionDenied, messagingv1alpha1.ReasonInvalidDSN,
 		messagingv1alpha1.ReasonTableNotFound, messagingv1alpha1.ReasonColumnNotFound,
 		messagingv1alpha1.ReasonColumnTypeMismatch, messagingv1alpha1.ReasonNoUniqueKey,
-		messagingv1alpha1.ReasonStatementInvalid:
+		messagingv1alpha1.ReasonStatementInvalid, messagingv1alpha1.ReasonInboxLost:
 		return true
 	}
 	return false
@@ -61,10 +62,12 @@ func (r *Reconciler) sinkFault(ctx context.Context, s *scope, o *outcome, reason
 // Provisioner creates and drops a resource's inbox tables and lets go of
 // its connections.
 type Provisioner interface {
-	// Ensure creates the schema and tables idempotently and returns the
-	// schema version now in place.
-	Ensure(ctx context.Context, t sinkdb.Target) (int, error)
-	// Drop drops the tables; dropping what is gone succeeds.
+	// Ensure creates the schema and tables idempotently, records the
+	// resource as the inbox's owner and returns the schema version and the
+	// inbox's identity; *inbox.OwnedError and *inbox.LostError refuse.
+	Ensure(ctx context.Context, t sinkdb.Target) (sinkdb.Ensured, error)
+	// Drop drops the tables of an inbox the resource owns; dropping what
+	// is gone succeeds.
 	Drop(ctx context.Context, t sinkdb.Target) error
 	// Release lets go of the connections an owner used.
 	Release(owner string)
@@ -107,18 +110,38 @@ func classifyDBError(idc *messagingv1alpha1.IdempotentConsumer, err error) (stri
 	return sinkdb.Classify(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
 }
 
-// inboxPhase provisions the inbox. A failure halts the pass (nothing after
-// it can run without the inbox) and is checked again within RecheckPeriod;
-// a privilege or connection string only a person can fix also stalls it.
+// inboxPhase provisions the inbox and records the resource as its owner.
+// A failure halts the pass (nothing after it can run without the inbox)
+// and is checked again within RecheckPeriod; a privilege or connection
+// string only a person can fix also stalls it, and so do an inbox another
+// resource owns (Conflict) and a lost one (InboxLost).
 func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	claim, err := r.ownerClaim(ctx, s.idc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	s.claim = claim
 	r.reuseSink(ctx, s)
 	if snap := s.reused; snap != nil {
 		s.idc.Status.Inbox = snap.inbox.DeepCopy()
 		s.obs.inbox = snap.inboxObs
 		return ctrl.Result{}, nil
 	}
-	version, err := r.opts.Sink.Ensure(ctx, s.target())
-	if err != nil {
+	ens, err := r.opts.Sink.Ensure(ctx, s.target())
+	var owned *inbox.OwnedError
+	var lost *inbox.LostError
+	switch {
+	case errors.As(err, &owned):
+		msg := ownedMessage(owned)
+		s.obs.inbox = failed(messagingv1alpha1.ReasonConflict, msg)
+		s.stall(messagingv1alpha1.ReasonConflict, msg)
+		return ctrl.Result{}, nil
+	case errors.As(err, &lost):
+		setInboxLost(s.idc, true)
+		msg := lostMessage(s.idc.Name, lost)
+		s.halt()
+		return r.sinkFault(ctx, s, &s.obs.inbox, messagingv1alpha1.ReasonInboxLost, msg), nil
+	case err != nil:
 		reason, msg := classifyDBError(s.idc, err)
 		var named *sinkdb.EffectProblem
 		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) {
@@ -129,9 +152,14 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 		s.halt()
 		return r.sinkFault(ctx, s, &s.obs.inbox, reason, msg), nil
 	}
-	s.idc.Status.Inbox = inboxStatusFor(s.rc.Config, version)
+	setInboxLost(s.idc, false)
+	r.inboxEvents(s, ens)
+	if err := s.rc.withEpoch(ens.Identity.Epoch); err != nil {
+		return ctrl.Result{}, err
+	}
+	s.idc.Status.Inbox = inboxStatusFor(s.rc.Config, ens)
 	s.obs.inbox = okOutcome(messagingv1alpha1.ReasonProvisioned,
-		fmt.Sprintf("inbox %s (layout %s, schema version %d) and its dead-letter and prune-run tables exist", s.idc.Status.Inbox.Table, s.rc.Config.Sink.Layout, version))
+		fmt.Sprintf("inbox %s (layout %s, schema version %d, epoch %s) and its dead-letter and prune-run tables exist, owned by this resource", s.idc.Status.Inbox.Table, s.rc.Config.Sink.Layout, ens.Version, ens.Identity.Epoch))
 	if s.recording != nil {
 		s.recording.inbox, s.recording.inboxObs = s.idc.Status.Inbox.DeepCopy(), s.obs.inbox
 		s.recording.done |= sinkInbox
@@ -139,12 +167,32 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 	return ctrl.Result{}, nil
 }
 
+// inboxEvents says what a person's annotation, or a restore, made the
+// migration do.
+func (r *Reconciler) inboxEvents(s *scope, ens sinkdb.Ensured) {
+	if !ens.Migrated {
+		return
+	}
+	table := s.rc.Config.Sink.Schema + "." + s.rc.Config.Sink.InboxTable
+	if s.claim.AcceptLoss {
+		r.recorder.Eventf(s.idc, nil, corev1.EventTypeWarning, messagingv1alpha1.ReasonInboxLossAccepted, "AcceptInboxLoss",
+			"accepted the loss of inbox %s epoch %s (annotation %s); it continues as epoch %s: messages from before the loss may be applied again",
+			table, s.claim.Epoch, messagingv1alpha1.AnnotationAcceptInboxLoss, ens.Identity.Epoch)
+	}
+	if ens.Adopted {
+		r.recorder.Eventf(s.idc, nil, corev1.EventTypeNormal, messagingv1alpha1.ReasonInboxAdopted, "AdoptInbox",
+			"took over inbox %s (epoch %s, its claims kept), recorded for %s", table, ens.Identity.Epoch, ens.Previous)
+	}
+}
+
 // inboxStatusFor is status.inbox for a provisioned inbox.
-func inboxStatusFor(cfg *config.Config, version int) *messagingv1alpha1.InboxStatus {
+func inboxStatusFor(cfg *config.Config, ens sinkdb.Ensured) *messagingv1alpha1.InboxStatus {
 	return &messagingv1alpha1.InboxStatus{
 		Table:         cfg.Sink.Schema + "." + cfg.Sink.InboxTable,
 		Layout:        messagingv1alpha1.InboxLayout(cfg.Sink.Layout),
-		SchemaVersion: int32(version),
+		SchemaVersion: int32(ens.Version),
+		Epoch:         ens.Identity.Epoch,
+		Database:      ens.Identity.Database,
 	}
 }
 

@@ -49,8 +49,9 @@ const (
 // window's row lock. A healthy sink is checked when the generation, the
 // rendered config or the Secret data change (the window also on a new
 // broker reading),
-// and otherwise once per --retention-period (the periodic pass): as often
-// as without child events. A pass is never spared while the consumer
+// and otherwise once per --recheck-period, so a DROP or REVOKE behind the
+// controller's back is seen by the next pass after it (a running
+// runtime sees a lost inbox within 5 s and its readiness wakes the pass). A pass is never spared while the consumer
 // Deployment is not available, nor after a read of the runtime's records
 // failed (distrustSink). A check that failed or did not complete is
 // never reused, so a sink that is not ready is still checked on every pass
@@ -85,7 +86,7 @@ func sinkMemoKey(s *scope) string {
 // change is what woke the pass.
 func (r *Reconciler) reuseSink(ctx context.Context, s *scope) {
 	key := sinkMemoKey(s)
-	if snap, ok := r.sinkMemo.fresh(s.key, key, r.opts.Clock.Now(), max(r.opts.RetentionPeriod, r.opts.RecheckPeriod)); ok && r.consumersAvailable(ctx, s) {
+	if snap, ok := r.sinkMemo.fresh(s.key, key, r.opts.Clock.Now(), r.opts.RecheckPeriod); ok && r.consumersAvailable(ctx, s) {
 		s.reused = &snap
 		return
 	}

@@ -46,7 +46,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("idempotentconsumer").
-		For(&messagingv1alpha1.IdempotentConsumer{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, redriveAnnotationChanged, deletionMarked))).
+		For(&messagingv1alpha1.IdempotentConsumer{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, redriveAnnotationChanged, inboxAnnotationChanged, deletionMarked))).
 		Owns(&appsv1.Deployment{}, builder.WithPredicates(childChanged)).
 		Owns(&batchv1.CronJob{}, builder.WithPredicates(childChanged)).
 		Owns(&batchv1.Job{}, builder.WithPredicates(childChanged)).

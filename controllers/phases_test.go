@@ -74,12 +74,12 @@ func (f *fakeSink) count(name string) int {
 	return f.calls[name]
 }
 
-func (f *fakeSink) Ensure(_ context.Context, t sinkdb.Target) (int, error) {
+func (f *fakeSink) Ensure(_ context.Context, t sinkdb.Target) (sinkdb.Ensured, error) {
 	f.called("Ensure")
 	f.mu.Lock()
 	f.dsn = t.DSN
 	f.mu.Unlock()
-	return inbox.SchemaVersion, f.ensureErr
+	return sinkdb.Ensured{Version: inbox.SchemaVersion, Identity: inbox.Identity{Owner: t.Claim.Owner, Epoch: "0123456789abcdef0123456789abcdef", Database: "1/test"}}, f.ensureErr
 }
 func (f *fakeSink) Drop(context.Context, sinkdb.Target) error { f.called("Drop"); return f.dropErr }
 func (f *fakeSink) Release(owner string) {

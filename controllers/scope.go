@@ -19,6 +19,7 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // scope is everything one reconcile pass of one resource knows: the
@@ -49,6 +50,9 @@ type scope struct {
 	// reused is the sink checks' snapshot this pass reuses (sinkMemo);
 	// recording is the one it takes instead. At most one is set.
 	reused, recording *sinkSnapshot
+	// claim is what the resource claims of its inbox (ownerClaim), set by
+	// the inbox phase.
+	claim inbox.OwnerClaim
 }
 
 func newScope(idc *messagingv1alpha1.IdempotentConsumer) *scope {
@@ -57,7 +61,7 @@ func newScope(idc *messagingv1alpha1.IdempotentConsumer) *scope {
 
 // target is the resource's sink database for the sinkdb client.
 func (s *scope) target() sinkdb.Target {
-	return sinkdb.Target{Owner: s.key.String(), DSN: s.secrets.getenv(envPostgresDSN), Sink: s.rc.Config.Sink, Outbox: s.rc.Config.UsesOutbox()}
+	return sinkdb.Target{Owner: s.key.String(), DSN: s.secrets.getenv(envPostgresDSN), Sink: s.rc.Config.Sink, Outbox: s.rc.Config.UsesOutbox(), Claim: s.claim}
 }
 
 // halt ends the pass after the current phase: what it observed explains

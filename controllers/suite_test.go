@@ -75,7 +75,7 @@ func (e *ensureTimes) of(owner string) []time.Time {
 // recordingSink is the real sink client with Ensure recorded.
 type recordingSink struct{ *sinkdb.Client }
 
-func (r recordingSink) Ensure(ctx context.Context, t sinkdb.Target) (int, error) {
+func (r recordingSink) Ensure(ctx context.Context, t sinkdb.Target) (sinkdb.Ensured, error) {
 	ensures.mu.Lock()
 	ensures.at[t.Owner] = append(ensures.at[t.Owner], time.Now())
 	ensures.mu.Unlock()

@@ -230,6 +230,15 @@ type InboxStatus struct {
 	// schemaVersion of the inbox tables.
 	// +optional
 	SchemaVersion int32 `json:"schemaVersion,omitempty"`
+	// epoch is the generation of the inbox's dedup state, minted when the
+	// inbox was created and recorded in its meta row. An inbox that no
+	// longer holds it (dropped, truncated, re-created) is InboxLost.
+	// +optional
+	Epoch string `json:"epoch,omitempty"`
+	// database is the physical database the inbox is in, as PostgreSQL
+	// reports it: its system identifier and the database name.
+	// +optional
+	Database string `json:"database,omitempty"`
 }
 
 // RuntimeStatus is the consumer Deployment.

@@ -9,14 +9,18 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
-// Target is one resource's sink: the owner (the resource's UID, which the
-// pool cache counts), its connection string and its inbox.
+// Target is one resource's sink: the owner (the resource's namespace/name,
+// which the pool cache counts), its connection string and its inbox.
 type Target struct {
 	Owner string
 	DSN   string
 	Sink  config.Sink
 	// Outbox: the inbox has an outbox table (config.UsesOutbox).
 	Outbox bool
+	// Claim is who the resource is, the epoch it knows and what a person
+	// accepted (adoption, a loss): Ensure records it in the inbox's meta
+	// row, and Drop drops only an inbox it owns.
+	Claim inbox.OwnerClaim
 }
 
 // Client is the sink database on runtime/inbox: the controller and the
@@ -52,31 +56,57 @@ func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context
 	return fn(ctx, sp, store)
 }
 
-// Ensure creates the schema and tables idempotently and returns the schema
-// version now in place. An inbox already up to date costs one query (two
-// when migrated); only a missing or older one, or one without a table it
-// now uses, runs the DDL. A migration refused for a privilege returns an
-// *EffectProblem naming the grant that is missing.
-func (c *Client) Ensure(ctx context.Context, t Target) (int, error) {
-	var v int
+// Ensure creates the schema and tables idempotently, records the resource
+// as the inbox's owner and returns the schema version now in place and the
+// inbox's identity. An inbox already up to date and owned costs two
+// queries; only a missing or older one, one without a table it now uses,
+// or one whose owner record changes, runs the migration. An inbox another
+// resource owns is an *inbox.OwnedError, a lost one an *inbox.LostError;
+// a migration refused for a privilege returns an *EffectProblem naming the
+// grant that is missing.
+func (c *Client) Ensure(ctx context.Context, t Target) (Ensured, error) {
+	var e Ensured
 	err := c.withPool(ctx, t, func(ctx context.Context, sp *sharedPool, s *inbox.Store) error {
-		var err error
-		var upToDate bool
-		if v, upToDate, err = s.UpToDate(ctx); err != nil || upToDate {
+		db, err := sp.physicalDatabase(ctx)
+		if err != nil {
+			return err
+		}
+		id, v, ready, err := s.Check(ctx, t.Claim)
+		e.Version, e.Identity = v, id
+		e.Identity.Database = db
+		if err != nil || ready {
 			return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
 		}
-		if err := sp.migrate(ctx, func() error { return s.Migrate(ctx) }); err != nil {
+		if err := sp.migrate(ctx, func() error {
+			e.Identity, err = s.MigrateFor(ctx, &t.Claim)
+			return err
+		}); err != nil {
 			return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
 		}
-		v, err = s.SchemaVersion(ctx)
-		return err
+		e.Identity.Database = db
+		e.Version, e.Migrated = inbox.SchemaVersion, true
+		e.Adopted, e.Previous = !id.Owner.IsZero() && id.Owner != t.Claim.Owner, id.Owner
+		return nil
 	})
-	return v, err
+	return e, err
 }
 
-// Drop drops the inbox tables; dropping what is gone succeeds.
+// Ensured is what Ensure found or made.
+type Ensured struct {
+	Version  int
+	Identity inbox.Identity
+	// Migrated: the migration ran (tables, the owner record or the epoch
+	// changed); Adopted: the inbox recorded another owner before (the same
+	// name with another UID, or the one a person named).
+	Migrated, Adopted bool
+	// Previous is the owner the inbox recorded before (when Adopted).
+	Previous inbox.Owner
+}
+
+// Drop drops the inbox tables when the inbox records t.Claim.Owner as its
+// owner (inbox.ErrNotOwner otherwise); dropping what is gone succeeds.
 func (c *Client) Drop(ctx context.Context, t Target) error {
-	return c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error { return s.Drop(ctx) })
+	return c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error { return s.DropOwned(ctx, t.Claim.Owner) })
 }
 
 // LastPrune returns the latest prune run, nil when none ran yet.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // Timeout bounds every database round of a reconcile so an unreachable
@@ -51,6 +53,25 @@ type sharedPool struct {
 	// migrations holds a token per migration running on the database
 	// (MaxMigrationsPerDatabase).
 	migrations chan struct{}
+	// database is the physical database the pool reaches
+	// (inbox.PhysicalDatabase), read once.
+	dbOnce   sync.Mutex
+	database string
+}
+
+// physicalDatabase names the database the pool reaches, read on first use.
+func (sp *sharedPool) physicalDatabase(ctx context.Context) (string, error) {
+	sp.dbOnce.Lock()
+	defer sp.dbOnce.Unlock()
+	if sp.database != "" {
+		return sp.database, nil
+	}
+	db, err := inbox.PhysicalDatabase(ctx, sp.pool)
+	if err != nil {
+		return "", err
+	}
+	sp.database = db
+	return db, nil
 }
 
 // migrate runs fn while holding one of the database's migration tokens,

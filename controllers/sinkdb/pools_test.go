@@ -126,8 +126,8 @@ func TestConcurrentEnsuresAllMigrate(t *testing.T) {
 		go func() {
 			sink := config.Sink{Schema: "gated", InboxTable: fmt.Sprintf("inbox_%d", i), Layout: config.LayoutTable}
 			v, err := c.Ensure(context.Background(), Target{Owner: fmt.Sprint(i), DSN: dsn, Sink: sink})
-			if err == nil && v != inbox.SchemaVersion {
-				err = fmt.Errorf("inbox_%d at schema version %d, want %d", i, v, inbox.SchemaVersion)
+			if err == nil && v.Version != inbox.SchemaVersion {
+				err = fmt.Errorf("inbox_%d at schema version %d, want %d", i, v.Version, inbox.SchemaVersion)
 			}
 			errs <- err
 		}()

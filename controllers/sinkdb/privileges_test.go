@@ -78,8 +78,8 @@ func TestInboxPrivilegeNamesTheGrant(t *testing.T) {
 				}
 			}
 			pgtest.Exec(t, pool, tc.fix...)
-			if v, err := client.Ensure(context.Background(), target); err != nil || v == 0 {
-				t.Fatalf("after %v: Ensure = %d, %v", tc.fix, v, err)
+			if v, err := client.Ensure(context.Background(), target); err != nil || v.Version == 0 {
+				t.Fatalf("after %v: Ensure = %d, %v", tc.fix, v.Version, err)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
@@ -67,8 +68,8 @@ type Identity struct {
 	// Epoch is the generation of the inbox's dedup state; "" before schema
 	// version 7.
 	Epoch string
-	// Database names the physical database: PostgreSQL's system identifier
-	// and the database name ("7715137733552269475/app").
+	// Database names the physical database (PhysicalDatabase); the
+	// controller fills it in.
 	Database string
 }
 
@@ -267,12 +268,22 @@ func (s *Store) writeIdentity(ctx context.Context, tx pgx.Tx, st inboxState, c *
 	return epoch, nil
 }
 
-// physicalDatabase names the database the pool reaches, from PostgreSQL
-// itself: its system identifier and the database name.
-func (s *Store) physicalDatabase(ctx context.Context, q Querier) (string, error) {
-	var sysid int64
+// PhysicalDatabase names the database q reaches, from PostgreSQL itself:
+// its system identifier and the database name ("7715137733552269475/app").
+// A role that may not call pg_control_system() (some managed services
+// revoke it) gets "unknown/<database>".
+func PhysicalDatabase(ctx context.Context, q Querier) (string, error) {
 	var db string
-	if err := q.QueryRow(ctx, `SELECT (SELECT system_identifier FROM pg_control_system()), current_database()`).Scan(&sysid, &db); err != nil {
+	if err := q.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return "", fmt.Errorf("while reading the database name: %w", err)
+	}
+	var sysid int64
+	err := q.QueryRow(ctx, `SELECT system_identifier FROM pg_control_system()`).Scan(&sysid)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		return "unknown/" + db, nil
+	case err != nil:
 		return "", fmt.Errorf("while reading the database's system identifier: %w", err)
 	}
 	return fmt.Sprintf("%d/%s", sysid, db), nil
@@ -289,9 +300,6 @@ func (s *Store) Check(ctx context.Context, c OwnerClaim) (id Identity, version i
 		return id, 0, false, err
 	}
 	if err := s.refusal(st, &c); err != nil {
-		return id, st.version, false, err
-	}
-	if id.Database, err = s.physicalDatabase(ctx, s.pool); err != nil {
 		return id, st.version, false, err
 	}
 	id.Owner, id.Epoch = st.owner, st.epoch

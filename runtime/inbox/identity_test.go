@@ -62,7 +62,10 @@ func TestInboxOwnership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idA.Owner != ownerA || len(idA.Epoch) != 32 || !strings.Contains(idA.Database, "/") {
+	if db, err := PhysicalDatabase(ctx, pool); err != nil || !strings.Contains(db, "/") || strings.HasPrefix(db, "unknown/") {
+		t.Fatalf("PhysicalDatabase = %q, %v", db, err)
+	}
+	if idA.Owner != ownerA || len(idA.Epoch) != 32 {
 		t.Fatalf("identity after creation: %+v", idA)
 	}
 	if _, v, ready, err := s.Check(ctx, OwnerClaim{Owner: ownerA, Epoch: idA.Epoch}); err != nil || !ready || v != SchemaVersion {

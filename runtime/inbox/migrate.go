@@ -58,8 +58,7 @@ func (s *Store) MigrateFor(ctx context.Context, c *OwnerClaim) (Identity, error)
 			}
 		}
 		id.Owner, id.Epoch = st.owner, st.epoch
-		id.Database, err = s.physicalDatabase(ctx, tx)
-		return err
+		return nil
 	})
 	if err != nil {
 		return id, fmt.Errorf("while migrating inbox %s: %w", s.inbox, err)
