@@ -90,6 +90,7 @@ func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructur
 // metrics (test/monitoring checks the alerts against them).
 func DescribeMetrics(ch chan<- *prometheus.Desc) {
 	brokerLimitTooSmall.Describe(ch)
+	inboxLost.Describe(ch)
 	for _, d := range stateDescs {
 		ch <- d
 	}
