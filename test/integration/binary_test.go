@@ -33,6 +33,7 @@ func TestBinary(t *testing.T) {
 	t.Run("HTTPOutbox", func(t *testing.T) { httpOutbox(t, bin) })
 	t.Run("OutageLongerThanTheWindow", func(t *testing.T) { outageLongerThanTheWindow(t, bin) })
 	t.Run("LeastPrivilegeRole", func(t *testing.T) { leastPrivilege(t, bin) })
+	t.Run("InboxLostHolds", func(t *testing.T) { inboxLost(t, bin) })
 }
 
 func buildBinary(t *testing.T) string {
