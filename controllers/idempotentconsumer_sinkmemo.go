@@ -118,6 +118,9 @@ func (r *Reconciler) recordSink(s *scope) {
 		if s.reading != nil && s.reading.at.Before(s.recording.at) {
 			s.recording.at = s.reading.at
 		}
+		// The config as the pass left it: the inbox phase may have given it
+		// the inbox's epoch.
+		s.recording.key = sinkMemoKey(s)
 		r.sinkMemo.put(s.key, *s.recording)
 	}
 }
