@@ -41,6 +41,7 @@ func run() error {
 		leaderElect, secureMetrics, enableHTTP2               bool
 		podDisruptionBudgets, networkPolicies                 bool
 		retentionPeriod, dropTimeout, recheckPeriod           time.Duration
+		clusterID                                             string
 		maxConcurrent, apiBurst                               int
 		apiQPS                                                float64
 	)
@@ -58,6 +59,7 @@ func run() error {
 	flag.BoolVar(&networkPolicies, "network-policies", false, "Give each consumer a NetworkPolicy allowing its pods egress to DNS and the endpoints the runtime dials only (its database, brokers, http endpoint).")
 	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
 	flag.DurationVar(&recheckPeriod, "recheck-period", controllers.DefaultRecheckPeriod, "How often a resource whose sink, inbox or broker is not ready is checked again (a fixed period, at most 30s; never a growing backoff).")
+	flag.StringVar(&clusterID, "cluster-id", "", "The cluster's identity in each inbox's owner record; empty reads the kube-system namespace's UID (a namespaced install that may not read it records \"unknown\"). Set it when clusters share a sink database and cannot read kube-system.")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
 	flag.DurationVar(&dropTimeout, "drop-timeout", 10*time.Minute, "How long a deletion with deletionPolicy Delete retries an unreachable sink database before it leaves the tables in place (with a Warning event) and lets the resource go.")
 	flag.Float64Var(&apiQPS, "kube-api-qps", 0, "Client-side limit of requests per second to the Kubernetes API server; 0 sets none and leaves it to the API server's priority and fairness.")
@@ -132,6 +134,7 @@ func run() error {
 		MaxConcurrent:   maxConcurrent,
 		DropTimeout:     dropTimeout,
 		RecheckPeriod:   recheckPeriod,
+		ClusterID:       clusterID,
 
 		AllowedRuntimeImages: splitList(allowedImages),
 		HTTPDenyNetworks:     splitList(httpDeny),

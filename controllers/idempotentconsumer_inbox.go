@@ -7,8 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -32,6 +34,10 @@ func init() {
 	ctrlmetrics.Registry.MustRegister(inboxLost)
 }
 
+// unknownCluster is the cluster identity of a manager that may not read
+// the kube-system namespace and has no --cluster-id.
+const unknownCluster = "unknown"
+
 // clusterIdentity is the cluster's identity in an inbox's owner record:
 // the kube-system namespace's UID, read once (Options.ClusterID overrides
 // it).
@@ -51,10 +57,20 @@ func (r *Reconciler) clusterID(ctx context.Context) (string, error) {
 		return r.cluster.id, nil
 	}
 	var ns corev1.Namespace
-	if err := r.live.Get(ctx, types.NamespacedName{Name: "kube-system"}, &ns); err != nil {
+	err := r.live.Get(ctx, types.NamespacedName{Name: "kube-system"}, &ns)
+	switch {
+	case apierrors.IsForbidden(err):
+		// A namespaced install (--watch-namespaces, the chart's
+		// watchNamespaces) has no cluster-wide read: owners then record
+		// the cluster as unknownCluster, and two such clusters on one
+		// database tell their resources apart by namespace/name only.
+		log.FromContext(ctx).Info("Cannot read the kube-system namespace; inbox owners record the cluster as "+unknownCluster+" (set --cluster-id to tell clusters sharing a database apart)", "error", err.Error())
+		r.cluster.id = unknownCluster
+	case err != nil:
 		return "", fmt.Errorf("reading the cluster's identity (the kube-system namespace's UID; --cluster-id sets it instead): %w", err)
+	default:
+		r.cluster.id = string(ns.UID)
 	}
-	r.cluster.id = string(ns.UID)
 	return r.cluster.id, nil
 }
 
