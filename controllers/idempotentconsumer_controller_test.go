@@ -287,7 +287,11 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		Expect(idc.Status.Retention.Window).To(Equal("49h"))
 		Expect(idc.Status.Retention.Source).To(Equal(messagingv1alpha1.RetentionSourceBroker))
 		Expect(idc.Status.Retention.DerivedFrom).To(ContainSubstring(stream))
-		Expect(idc.Status.Inbox).To(Equal(&messagingv1alpha1.InboxStatus{Table: "projections." + table, Layout: "Table", SchemaVersion: inbox.SchemaVersion}))
+		Expect(idc.Status.Inbox).NotTo(BeNil())
+		Expect(idc.Status.Inbox.Epoch).To(MatchRegexp(`^[0-9a-f]{32}$`))
+		Expect(idc.Status.Inbox.Database).To(MatchRegexp(`^[0-9]+/idc_ctrl_test_`))
+		Expect(idc.Status.Inbox).To(Equal(&messagingv1alpha1.InboxStatus{Table: "projections." + table, Layout: "Table", SchemaVersion: inbox.SchemaVersion,
+			Epoch: idc.Status.Inbox.Epoch, Database: idc.Status.Inbox.Database}))
 		Expect(idc.Status.Guarantee).To(Equal(messagingv1alpha1.GuaranteeExactlyOnceEffect))
 
 		d := deployment(name)
@@ -592,7 +596,7 @@ var _ = Describe("failures", func() {
 		Expect(tableExists("projections", string(first.Spec.Sink.Inbox.Table))).To(BeTrue())
 	})
 
-	It("lets the loser of a conflict take over at once when the winner is deleted", func() {
+	It("lets the loser of a conflict take over the inbox a deleted winner left only when a person names it", func() {
 		newSecret(name+"-db", testDSN)
 		first := newConsumer(name, stream, name+"-db")
 		create(first)
@@ -602,11 +606,24 @@ var _ = Describe("failures", func() {
 		create(second)
 		Eventually(condition(name+"-b", messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("True/Conflict"))
 
-		Expect(k8sClient.Delete(ctx, first)).To(Succeed())
-		// Well inside the 5m re-derivation period: the deletion itself
-		// wakes the loser.
+		Expect(k8sClient.Delete(ctx, first)).To(Succeed()) // deletionPolicy Retain: the tables stay, recording their owner
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(first), &messagingv1alpha1.IdempotentConsumer{}))
+		}, timeout, interval).Should(BeTrue())
+		// The deletion wakes the loser, which still finds the inbox
+		// recorded for the first: a name is never enough to take it over.
+		Consistently(condition(name+"-b", messagingv1alpha1.ConditionStalled), 2*time.Second, interval).Should(Equal("True/Conflict"))
+		var ks corev1.Namespace
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "kube-system"}, &ks)).To(Succeed())
+		ref := string(ks.UID) + "/default/" + name
+		Expect(conditionMessage(name+"-b", messagingv1alpha1.ConditionStalled)).To(ContainSubstring(messagingv1alpha1.AnnotationAdoptInboxFrom + "=" + ref))
+		update(name+"-b", func(idc *messagingv1alpha1.IdempotentConsumer) {
+			idc.Annotations = map[string]string{messagingv1alpha1.AnnotationAdoptInboxFrom: ref}
+		})
+		// Well inside the 5m re-derivation period: the annotation wakes it.
 		Eventually(condition(name+"-b", messagingv1alpha1.ConditionStalled), 20*time.Second, interval).Should(Equal("False/Ready"))
 		Expect(condition(name+"-b", messagingv1alpha1.ConditionInboxReady)()).To(Equal("True/Provisioned"))
+		Eventually(eventsWithReason(name+"-b", messagingv1alpha1.ReasonInboxAdopted), timeout, interval).Should(Equal(1))
 	})
 
 	It("stalls with Conflict when two resources share a JetStream consumer", func() {
