@@ -197,14 +197,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 // forget drops what the manager keeps for a resource that is gone: metric
-// series, the broker reading, the memos of applied children and sink checks,
-// and its pool.
+// series, the broker reading, the memos of applied children, sink checks and
+// the Secrets it alone read (their credentials), and its pool.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	forgetBrokerLimits(key.Namespace, key.Name)
 	forgetInboxLost(key.Namespace, key.Name)
 	r.readings.forget(key)
 	r.applied.forget(key)
 	r.sinkMemo.forget(key)
+	r.secretMemo.forget(key)
 	r.opts.Sink.Release(key.String())
 }
 

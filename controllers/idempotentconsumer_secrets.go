@@ -69,11 +69,19 @@ func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.
 	refs := append([]secretEnv(nil), rc.Secrets...)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Env < refs[j].Env })
 	read := map[string]*corev1.Secret{} // one GET per Secret, however many keys
+	owner := types.NamespacedName{Namespace: idc.Namespace, Name: idc.Name}
+	used := map[types.NamespacedName]bool{}
+	// Whatever this pass read, the memo keeps the owner's use of exactly
+	// those Secrets: one no longer referenced is forgotten with its last
+	// user, as are all of them when the resource goes (forget).
+	defer func() { r.secretMemo.use(owner, used) }()
 	for _, s := range refs {
 		sec, ok := read[s.Ref.Name]
 		if !ok {
 			var err error
-			sec, err = r.readSecret(ctx, types.NamespacedName{Namespace: idc.Namespace, Name: s.Ref.Name})
+			key := types.NamespacedName{Namespace: idc.Namespace, Name: s.Ref.Name}
+			used[key] = true
+			sec, err = r.readSecret(ctx, key)
 			if err != nil {
 				if apierrors.IsNotFound(err) {
 					return nil, &secretError{messagingv1alpha1.ReasonSecretNotFound,
@@ -123,10 +131,75 @@ func (r *Reconciler) readSecret(ctx context.Context, key types.NamespacedName) (
 // resourceVersion. A rotation changes the version, so the next pass reads
 // the new data; a Secret found gone is dropped. It holds what the sink
 // pools already hold (the values the manager connects with), for the
-// Secrets in use only.
+// Secrets in use only: it knows which resources use each Secret, and a
+// Secret is dropped with its last user (a resource deleted, or one whose
+// spec no longer references it), so no credential outlives its use.
 type secretMemo struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]*corev1.Secret
+	// users of each remembered Secret, and the Secrets of each user.
+	users  map[types.NamespacedName]map[types.NamespacedName]bool
+	usedBy map[types.NamespacedName]map[types.NamespacedName]bool
+}
+
+// use records that owner's last pass read exactly the Secrets in secrets;
+// those it no longer uses, and no one else does, are dropped.
+func (m *secretMemo) use(owner types.NamespacedName, secrets map[types.NamespacedName]bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.users == nil {
+		m.users = map[types.NamespacedName]map[types.NamespacedName]bool{}
+		m.usedBy = map[types.NamespacedName]map[types.NamespacedName]bool{}
+	}
+	for key := range m.usedBy[owner] {
+		if !secrets[key] {
+			m.release(owner, key)
+		}
+	}
+	if len(secrets) == 0 {
+		delete(m.usedBy, owner)
+		return
+	}
+	mine := map[types.NamespacedName]bool{}
+	for key := range secrets {
+		mine[key] = true
+		if m.users[key] == nil {
+			m.users[key] = map[types.NamespacedName]bool{}
+		}
+		m.users[key][owner] = true
+	}
+	m.usedBy[owner] = mine
+	// A Secret read but not found (or not remembered) has no data here;
+	// its users are kept so the next read is remembered for them.
+}
+
+// forget drops owner's use of every Secret, and the Secrets no other
+// resource uses: a deleted resource's credentials leave the heap with it.
+func (m *secretMemo) forget(owner types.NamespacedName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for key := range m.usedBy[owner] {
+		m.release(owner, key)
+	}
+	delete(m.usedBy, owner)
+}
+
+// release drops owner as a user of key, and key's data with its last user.
+// The caller holds mu.
+func (m *secretMemo) release(owner, key types.NamespacedName) {
+	delete(m.usedBy[owner], key)
+	delete(m.users[key], owner)
+	if len(m.users[key]) == 0 {
+		delete(m.users, key)
+		delete(m.m, key)
+	}
+}
+
+// len is how many Secrets the memo holds data of.
+func (m *secretMemo) len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.m)
 }
 
 func (m *secretMemo) get(key types.NamespacedName, resourceVersion string) (*corev1.Secret, bool) {
