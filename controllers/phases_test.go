@@ -710,6 +710,8 @@ func TestSinkFaultsAreRecheckedAndStallOnlyForAPerson(t *testing.T) {
 			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonProvisioningFailed, false},
 		{"inbox connection string", fmt.Errorf("while parsing: %w", sinkdb.ErrInvalidDSN), nil,
 			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonInvalidDSN, true},
+		{"inbox migration queued", fmt.Errorf("%w: waited 20s", sinkdb.ErrMigrationQueued), nil,
+			messagingv1alpha1.ConditionInboxReady, messagingv1alpha1.ReasonMigrationQueued, false},
 		{"effect database unreachable", nil, unreachable,
 			messagingv1alpha1.ConditionEffectReady, messagingv1alpha1.ReasonDatabaseError, false},
 	}

@@ -72,6 +72,16 @@ const (
 	// the manager's --allowed-runtime-images does not list; nothing is
 	// deployed with it.
 	ReasonImageNotAllowed = "ImageNotAllowed"
+	// ReasonMigrationQueued (InboxReady=False, Reconciling): the inbox
+	// migration waited its bound for one of the migrations the manager
+	// runs at once on one database (other inboxes held them all) and runs
+	// on the next check. The database is reachable; nothing is wrong.
+	ReasonMigrationQueued = "MigrationQueued"
+	// ReasonAuthenticationFailed (InboxReady=False, Stalled): the sink
+	// database refused the credentials of the connection Secret (SQLSTATE
+	// class 28: wrong user or password, no pg_hba entry). A person must fix
+	// the Secret or the role; no grant helps.
+	ReasonAuthenticationFailed = "AuthenticationFailed"
 
 	// EffectReady=False reasons (the sink is not ready for the effect).
 	ReasonTableNotFound      = "TableNotFound"

@@ -66,22 +66,27 @@ func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context
 // grant that is missing.
 func (c *Client) Ensure(ctx context.Context, t Target) (Ensured, error) {
 	var e Ensured
-	err := c.withPool(ctx, t, func(ctx context.Context, sp *sharedPool, s *inbox.Store) error {
-		db, err := sp.physicalDatabase(ctx)
+	err := c.withPool(ctx, t, func(check context.Context, sp *sharedPool, s *inbox.Store) error {
+		db, err := sp.physicalDatabase(check)
 		if err != nil {
 			return err
 		}
-		id, v, ready, err := s.Check(ctx, t.Claim)
+		id, v, ready, err := s.Check(check, t.Claim)
 		e.Version, e.Identity = v, id
 		e.Identity.Database = db
 		if err != nil || ready {
-			return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
+			return explainInboxPrivilege(check, sp.pool, t.Sink.Schema, err)
 		}
-		if err := sp.migrate(ctx, func() error {
-			e.Identity, err = s.MigrateFor(ctx, &t.Claim)
-			return err
+		// From the pass's own context: the wait for a migration slot has
+		// its own bound, and the migration its own statement timeout.
+		if err := sp.migrate(ctx, c.pools.migrationWait, func(ctx context.Context) error {
+			var err error
+			if e.Identity, err = s.MigrateFor(ctx, &t.Claim); err != nil {
+				return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
+			}
+			return nil
 		}); err != nil {
-			return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
+			return err
 		}
 		e.Identity.Database = db
 		e.Version, e.Migrated = inbox.SchemaVersion, true

@@ -46,6 +46,11 @@ func Classify(err error, ref messagingv1alpha1.SecretKeyRef) (string, string) {
 	if errors.Is(err, ErrInvalidDSN) {
 		return messagingv1alpha1.ReasonInvalidDSN, fmt.Sprintf("the connection string in Secret %q key %q cannot be parsed; expected postgres://user:password@host:5432/db or key=value form", ref.Name, ref.Key)
 	}
+	if errors.Is(err, ErrMigrationQueued) {
+		// The database answered (the up-to-date check ran): it is busy
+		// migrating other inboxes, not unreachable.
+		return messagingv1alpha1.ReasonMigrationQueued, fmt.Sprintf("the inbox migration in %s is queued: %s; it runs on the next check", where, errtext.Of(err))
+	}
 	var p *EffectProblem
 	if errors.As(err, &p) {
 		return p.Reason, p.Message

@@ -3,6 +3,7 @@ package sinkdb
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"encoding/hex"
 	"fmt"
 	"sync"
@@ -42,7 +43,9 @@ const MaxMigrationsPerDatabase = 2
 // Release lets go of it for a deleted resource. A pool nobody uses is
 // closed at once.
 type Pools struct {
-	mu     sync.Mutex
+	// migrationWait is MigrationWait (shorter in tests).
+	migrationWait time.Duration
+	mu            sync.Mutex
 	pools  map[string]*sharedPool // by the connection string's SHA-256
 	owners map[string]string      // owner -> pool key
 }
@@ -74,21 +77,43 @@ func (sp *sharedPool) physicalDatabase(ctx context.Context) (string, error) {
 	return db, nil
 }
 
-// migrate runs fn while holding one of the database's migration tokens,
-// waiting for one at most until ctx ends.
-func (sp *sharedPool) migrate(ctx context.Context, fn func() error) error {
+// MigrationWait bounds how long an inbox migration waits for one of its
+// database's MaxMigrationsPerDatabase slots. The wait is not part of the
+// migration's statement timeout (Timeout starts once a slot is held), so
+// a migration queued behind slow ones is never cut short for waiting; one
+// that waited this long gives up with ErrMigrationQueued, is reported as
+// queued (Reconciling, reason MigrationQueued) and runs on the next check.
+const MigrationWait = 2 * Timeout
+
+// ErrMigrationQueued is an inbox migration that gave up waiting for a
+// slot: the database is busy with other inboxes' migrations, not
+// unreachable.
+var ErrMigrationQueued = errors.New("the inbox migration gave up waiting for a migration slot")
+
+// migrate runs fn while holding one of the database's migration tokens.
+// It waits for one at most wait (and until ctx ends), then gives fn a
+// context with a statement timeout of its own (Timeout) that starts only
+// now: the wait never eats it.
+func (sp *sharedPool) migrate(ctx context.Context, wait time.Duration, fn func(context.Context) error) error {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
 	select {
 	case sp.migrations <- struct{}{}:
+	case <-timer.C:
+		return fmt.Errorf("%w: waited %s for one of the %d migrations allowed at once on the sink database, all held by other inboxes' migrations",
+			ErrMigrationQueued, wait, MaxMigrationsPerDatabase)
 	case <-ctx.Done():
 		return fmt.Errorf("while waiting for one of the %d migrations allowed at once on the sink database: %w", MaxMigrationsPerDatabase, ctx.Err())
 	}
 	defer func() { <-sp.migrations }()
-	return fn()
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	return fn(ctx)
 }
 
 // NewPools returns an empty cache.
 func NewPools() *Pools {
-	return &Pools{pools: map[string]*sharedPool{}, owners: map[string]string{}}
+	return &Pools{migrationWait: MigrationWait, pools: map[string]*sharedPool{}, owners: map[string]string{}}
 }
 
 func poolKey(dsn string) string {
