@@ -3,8 +3,8 @@ package sinkdb
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -46,8 +46,8 @@ type Pools struct {
 	// migrationWait is MigrationWait (shorter in tests).
 	migrationWait time.Duration
 	mu            sync.Mutex
-	pools  map[string]*sharedPool // by the connection string's SHA-256
-	owners map[string]string      // owner -> pool key
+	pools         map[string]*sharedPool // by the connection string's SHA-256
+	owners        map[string]string      // owner -> pool key
 }
 
 type sharedPool struct {
