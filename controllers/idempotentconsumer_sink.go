@@ -29,14 +29,14 @@ import (
 const DefaultRecheckPeriod = 20 * time.Second
 
 // needsHuman says whether a sink fault is one only a person can fix (a
-// privilege, a table, column or unique key that is missing, a statement or
-// connection string that is wrong): it sets Stalled=True, which kstatus
+// privilege, a table, column or unique key that is missing, a statement,
+// connection string or credentials that are wrong): it sets Stalled=True, which kstatus
 // reads as Failed and the Argo CD health check as Degraded. A database
 // that cannot be reached, or a provisioning error of another kind, is
 // transient: the resource stays Reconciling and is re-checked.
 func needsHuman(reason string) bool {
 	switch reason {
-	case messagingv1alpha1.ReasonPermissionDenied, messagingv1alpha1.ReasonInvalidDSN,
+	case messagingv1alpha1.ReasonPermissionDenied, messagingv1alpha1.ReasonInvalidDSN, messagingv1alpha1.ReasonAuthenticationFailed,
 		messagingv1alpha1.ReasonTableNotFound, messagingv1alpha1.ReasonColumnNotFound,
 		messagingv1alpha1.ReasonColumnTypeMismatch, messagingv1alpha1.ReasonNoUniqueKey,
 		messagingv1alpha1.ReasonStatementInvalid, messagingv1alpha1.ReasonInboxLost:

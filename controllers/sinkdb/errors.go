@@ -58,7 +58,13 @@ func Classify(err error, ref messagingv1alpha1.SecretKeyRef) (string, string) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
-		case pgErr.Code == "42501" || strings.HasPrefix(pgErr.Code, "28"):
+		case strings.HasPrefix(pgErr.Code, "28"):
+			// Invalid authorization (28P01 a wrong password, 28000 no such
+			// role or no pg_hba.conf entry): no grant helps. PostgreSQL's
+			// message names the user at most, never the password.
+			return messagingv1alpha1.ReasonAuthenticationFailed, fmt.Sprintf("the sink database refused the credentials in Secret %q key %q (SQLSTATE %s: %s): check the user and password in the connection string (and pg_hba.conf)",
+				ref.Name, ref.Key, pgErr.Code, errtext.Sanitize(pgErr.Message))
+		case pgErr.Code == "42501":
 			return messagingv1alpha1.ReasonPermissionDenied, fmt.Sprintf("permission denied on %s (SQLSTATE %s: %s); grant the role USAGE and CREATE on the schema", where, pgErr.Code, errtext.Sanitize(pgErr.Message))
 		case pgErr.Code == "3D000":
 			return messagingv1alpha1.ReasonDatabaseError, fmt.Sprintf("%s does not exist (SQLSTATE %s: %s)", where, pgErr.Code, errtext.Sanitize(pgErr.Message))
