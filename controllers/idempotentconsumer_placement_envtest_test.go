@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
@@ -21,13 +22,30 @@ var _ = Describe("pod placement and resources", func() {
 		idc := newConsumer(name, newStream(24*time.Hour), name+"-db")
 		idc.Spec.Runtime.Resources = corev1.ResourceRequirements{}
 		consumers := &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "consumer"}}
-		idc.Spec.Runtime.NodeSelector = map[string]string{"topology.kubernetes.io/zone": "zone-a"}
-		idc.Spec.Runtime.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: corev1.PodAffinityTerm{
-				LabelSelector: consumers, TopologyKey: "kubernetes.io/hostname",
-			}}},
-		}}
-		idc.Spec.Runtime.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "consumers", Effect: corev1.TaintEffectNoSchedule}}
+		idc.Spec.Runtime.NodeSelector = map[string]messagingv1alpha1.LabelValue{"topology.kubernetes.io/zone": "zone-a"}
+		idc.Spec.Runtime.Affinity = &messagingv1alpha1.Affinity{
+			PodAntiAffinity: &messagingv1alpha1.PodAffinity{
+				PreferredDuringSchedulingIgnoredDuringExecution: []messagingv1alpha1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: messagingv1alpha1.PodAffinityTerm{
+					LabelSelector: consumers, TopologyKey: "kubernetes.io/hostname",
+				}}},
+			},
+			NodeAffinity: &messagingv1alpha1.NodeAffinity{
+				RequiredDuringSchedulingIgnoredDuringExecution: &messagingv1alpha1.NodeSelector{NodeSelectorTerms: []messagingv1alpha1.NodeSelectorTerm{{
+					MatchExpressions: []messagingv1alpha1.NodeSelectorRequirement{
+						{Key: "kubernetes.io/arch", Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64", "arm64"}},
+						{Key: "example.com/cores", Operator: corev1.NodeSelectorOpGt, Values: []string{"3"}},
+					},
+					MatchFields: []messagingv1alpha1.NodeFieldSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"node-7"}}},
+				}}},
+				PreferredDuringSchedulingIgnoredDuringExecution: []messagingv1alpha1.PreferredSchedulingTerm{{Weight: 1, Preference: messagingv1alpha1.NodeSelectorTerm{
+					MatchExpressions: []messagingv1alpha1.NodeSelectorRequirement{{Key: "disk", Operator: corev1.NodeSelectorOpExists}},
+				}}},
+			},
+		}
+		idc.Spec.Runtime.Tolerations = []messagingv1alpha1.Toleration{
+			{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "consumers", Effect: corev1.TaintEffectNoSchedule},
+			{Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(30))},
+		}
 		idc.Spec.Runtime.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{
 			MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: consumers,
 		}}
@@ -42,9 +60,11 @@ var _ = Describe("pod placement and resources", func() {
 			"CronJob":    cronJob(name).Spec.JobTemplate.Spec.Template.Spec,
 		} {
 			By(kind)
-			Expect(spec.NodeSelector).To(Equal(idc.Spec.Runtime.NodeSelector), kind)
-			Expect(spec.Affinity).To(Equal(idc.Spec.Runtime.Affinity), kind)
-			Expect(spec.Tolerations).To(Equal(idc.Spec.Runtime.Tolerations), kind)
+			Expect(spec.NodeSelector).To(Equal(coreNodeSelector(idc.Spec.Runtime.NodeSelector)), kind)
+			Expect(spec.Affinity).To(Equal(coreAffinity(idc.Spec.Runtime.Affinity)), kind)
+			Expect(spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[1].Operator).To(Equal(corev1.NodeSelectorOpGt), kind)
+			Expect(spec.Tolerations).To(Equal(coreTolerations(idc.Spec.Runtime.Tolerations)), kind)
+			Expect(spec.Tolerations).To(HaveLen(2), kind)
 			Expect(spec.TopologySpreadConstraints).To(Equal(idc.Spec.Runtime.TopologySpreadConstraints), kind)
 			Expect(spec.PriorityClassName).To(Equal("consumers-high"), kind)
 			requests := spec.Containers[0].Resources.Requests
@@ -63,7 +83,7 @@ var _ = Describe("pod placement and resources", func() {
 
 		// A change of placement reaches the children.
 		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) {
-			idc.Spec.Runtime.NodeSelector = map[string]string{"topology.kubernetes.io/zone": "zone-b"}
+			idc.Spec.Runtime.NodeSelector = map[string]messagingv1alpha1.LabelValue{"topology.kubernetes.io/zone": "zone-b"}
 		})
 		Eventually(func() map[string]string { return deployment(name).Spec.Template.Spec.NodeSelector }, timeout, interval).
 			Should(HaveKeyWithValue("topology.kubernetes.io/zone", "zone-b"))
@@ -74,7 +94,7 @@ var _ = Describe("pod placement and resources", func() {
 	It("refuses a toleration with operator Exists and a value, and a maxSkew of 0", func() {
 		name := "placed-bad-" + randomSuffix()
 		idc := newConsumer(name, "ORDERS", name+"-db")
-		idc.Spec.Runtime.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists, Value: "x"}}
+		idc.Spec.Runtime.Tolerations = []messagingv1alpha1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists, Value: "x"}}
 		err := k8sClient.Create(ctx, idc)
 		Expect(err).To(MatchError(ContainSubstring("operator Exists takes no value")))
 		idc = newConsumer(name, "ORDERS", name+"-db")

@@ -168,9 +168,9 @@ func runtimeResources(in corev1.ResourceRequirements) corev1.ResourceRequirement
 // Job's pods are all placed alike.
 func placePods(idc *messagingv1alpha1.IdempotentConsumer, spec *corev1.PodSpec) {
 	rt := idc.Spec.Runtime
-	spec.NodeSelector = rt.NodeSelector
-	spec.Affinity = rt.Affinity.DeepCopy()
-	spec.Tolerations = rt.Tolerations
+	spec.NodeSelector = coreNodeSelector(rt.NodeSelector)
+	spec.Affinity = coreAffinity(rt.Affinity)
+	spec.Tolerations = coreTolerations(rt.Tolerations)
 	spec.TopologySpreadConstraints = rt.TopologySpreadConstraints
 	spec.PriorityClassName = rt.PriorityClassName
 }

@@ -170,20 +170,26 @@ type RuntimeSpec struct {
 	// +optional
 	PodAnnotations map[string]string `json:"podAnnotations,omitempty"`
 	// nodeSelector of the consumer, prune and redrive pods: the labels a
-	// node must carry (e.g. to run next to the sink database).
+	// node must carry (e.g. to run next to the sink database). Keys are
+	// label keys ([prefix/]name, the prefix a DNS-1123 subdomain of at most
+	// 253 characters, the name at most 63 alphanumerics, '-', '_' or '.',
+	// starting and ending alphanumeric), values label values (empty, or at
+	// most 63 such characters), as Kubernetes requires of a pod.
 	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && k.indexOf('/') <= 253)",message="nodeSelector keys must be label keys: an optional DNS-1123 subdomain prefix of at most 253 characters and '/', then a name of at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
 	// +optional
-	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	NodeSelector map[string]LabelValue `json:"nodeSelector,omitempty"`
 	// affinity of the consumer, prune and redrive pods: node affinity, pod
-	// affinity and anti-affinity (e.g. consumers away from each other).
+	// affinity and anti-affinity (e.g. consumers away from each other), as
+	// in a pod, validated as Kubernetes validates a pod's.
 	// +optional
-	Affinity *corev1.Affinity `json:"affinity,omitempty"`
-	// tolerations of the consumer, prune and redrive pods.
+	Affinity *Affinity `json:"affinity,omitempty"`
+	// tolerations of the consumer, prune and redrive pods, as in a pod,
+	// validated as Kubernetes validates a pod's.
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",message="a toleration with operator Exists takes no value"
 	// +listType=atomic
 	// +optional
-	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	Tolerations []Toleration `json:"tolerations,omitempty"`
 	// topologySpreadConstraints of the consumer, prune and redrive pods;
 	// their labelSelector usually selects the consumer pods
 	// (app.kubernetes.io/instance: <name>, app.kubernetes.io/component:
