@@ -43,7 +43,9 @@ var _ = Describe("placement admission", func() {
 	req := func(key string, op corev1.NodeSelectorOperator, values ...string) messagingv1alpha1.NodeSelectorRequirement {
 		return messagingv1alpha1.NodeSelectorRequirement{Key: key, Operator: op, Values: values}
 	}
-	tol := func(t messagingv1alpha1.Toleration) []messagingv1alpha1.Toleration { return []messagingv1alpha1.Toleration{t} }
+	tol := func(t messagingv1alpha1.Toleration) []messagingv1alpha1.Toleration {
+		return []messagingv1alpha1.Toleration{t}
+	}
 	const (
 		nodeAffinityTerm = "spec.runtime.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0]"
 		preferredTerm    = "spec.runtime.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"

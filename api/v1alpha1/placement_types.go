@@ -198,8 +198,8 @@ type PodAffinityTerm struct {
 }
 
 // Toleration is core/v1 Toleration.
-// +kubebuilder:validation:XValidation:rule="(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",message="operator must be Exists when key is empty (which tolerates every taint)",fieldPath=".operator"
-// +kubebuilder:validation:XValidation:rule="!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",message="a toleration with operator Exists takes no value",fieldPath=".value"
+// +kubebuilder:validation:XValidation:rule="(has(self.key) && size(self.key) > 0) || (has(self.operator) && self.operator == 'Exists')",message="operator must be Exists when key is empty (which tolerates every taint)",fieldPath=".operator"
+// +kubebuilder:validation:XValidation:rule="!has(self.operator) || self.operator != 'Exists' || !has(self.value) || size(self.value) == 0",message="a toleration with operator Exists takes no value",fieldPath=".value"
 // +kubebuilder:validation:XValidation:rule="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",message="effect must be NoExecute when tolerationSeconds is set",fieldPath=".effect"
 type Toleration struct {
 	// key of the taint, a label key; empty (with operator Exists) tolerates
