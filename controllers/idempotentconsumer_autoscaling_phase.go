@@ -48,7 +48,7 @@ func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Resul
 				// KEDA went away since discovery was asked.
 				r.opts.KEDA.Forget()
 			}
-			return ctrl.Result{}, r.childConflict(s, err)
+			return ctrl.Result{}, r.childRefused(s, err)
 		}
 		if s.halted {
 			return ctrl.Result{}, nil

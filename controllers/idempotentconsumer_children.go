@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -25,8 +24,10 @@ import (
 
 // childrenPhase applies the ConfigMap, Deployment and CronJob and reads the
 // Deployment's availability. A child of the same name that another owner
-// holds stalls the pass with Conflict: nothing after it runs (no redrive
-// Job is created for a resource whose children are not its own).
+// holds stalls the pass with Conflict, one the API server refuses as
+// invalid with InvalidSpec naming the spec field: nothing after it runs (no
+// redrive Job is created for a resource whose children are not its own),
+// and Ready is False with the same reason.
 func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	idc, rc := s.idc, s.rc
 	image := runtimeImageFor(idc, r.opts.RuntimeImage)
@@ -45,12 +46,9 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 	}
 	for _, obj := range []client.Object{renderConfigMap(idc, rc), dep, renderCronJob(idc, rc, image, s.secrets.hash, s.window)} {
 		if err := r.apply(ctx, idc, obj); err != nil {
-			var ce *conflictError
-			if errors.As(err, &ce) {
-				s.stall(messagingv1alpha1.ReasonConflict, ce.Error())
-				return ctrl.Result{}, nil
-			}
-			return ctrl.Result{}, err
+			// A child another owner holds, or one the API server refused
+			// as invalid, stalls; nothing after it runs.
+			return ctrl.Result{}, r.childRefused(s, err)
 		}
 	}
 
@@ -145,6 +143,9 @@ func (e *conflictError) Error() string {
 type appliedChild struct {
 	hash    string
 	version string
+	// refused: the API server refused this rendering as invalid (an
+	// *invalidChildError); it is not sent again.
+	refused error
 }
 
 // appliedChildren remembers, per child, the last apply of this process, so
@@ -217,6 +218,10 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 	sum := sha256.Sum256(raw)
 	hash := hex.EncodeToString(sum[:12])
 	owner, child := client.ObjectKeyFromObject(idc), gvk.Kind+"/"+obj.GetName()
+	if last, ok := r.applied.get(owner, child); ok && last.hash == hash && last.refused != nil {
+		// Refused as invalid: the same rendering is refused again.
+		return last.refused
+	}
 
 	existing, err := r.readChild(ctx, obj)
 	if err != nil {
@@ -237,6 +242,10 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 	childApplies.WithLabelValues(gvk.Kind).Inc()
 	applied := un.DeepCopy()
 	if err := r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), fieldOwner, client.ForceOwnership); err != nil {
+		if refused := refusedChild(gvk.Kind, obj.GetName(), err); refused != err {
+			r.applied.put(owner, child, appliedChild{hash: hash, refused: refused})
+			return refused
+		}
 		return fmt.Errorf("applying %s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
 	r.applied.put(owner, child, appliedChild{hash: hash, version: liveVersion(applied)})

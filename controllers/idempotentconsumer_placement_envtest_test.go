@@ -5,8 +5,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -100,5 +103,37 @@ var _ = Describe("pod placement and resources", func() {
 		idc = newConsumer(name, "ORDERS", name+"-db")
 		idc.Spec.Runtime.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 0, TopologyKey: "zone", WhenUnsatisfiable: corev1.DoNotSchedule}}
 		Expect(k8sClient.Create(ctx, idc)).To(MatchError(ContainSubstring("maxSkew must be at least 1")))
+	})
+	It("stalls with InvalidSpec naming the spec field when the API server refuses the rendered Deployment, and recovers when fixed", func() {
+		// A label selector's operator is one rule the schema does not
+		// mirror (metav1.LabelSelector is Kubernetes' own type): the
+		// resource is admitted, the Deployment is refused (422).
+		name := "placed-refused-" + randomSuffix()
+		newSecret(name+"-db", testDSN)
+		idc := newConsumer(name, newStream(24*time.Hour), name+"-db")
+		idc.Spec.Runtime.Affinity = &messagingv1alpha1.Affinity{PodAntiAffinity: &messagingv1alpha1.PodAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []messagingv1alpha1.PodAffinityTerm{{
+				TopologyKey: "kubernetes.io/hostname",
+				LabelSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+					Key: "app", Operator: "Sometimes", Values: []string{"x"}}}},
+			}},
+		}}
+		create(idc)
+		Eventually(condition(name, messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("True/" + messagingv1alpha1.ReasonInvalidSpec))
+		stalled := meta.FindStatusCondition(get(name).Status.Conditions, messagingv1alpha1.ConditionStalled)
+		Expect(stalled.Message).To(ContainSubstring("spec.runtime.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator"))
+		Expect(stalled.Message).To(ContainSubstring(`"Sometimes"`))
+		Expect(condition(name, messagingv1alpha1.ConditionReady)()).To(Equal("False/" + messagingv1alpha1.ReasonInvalidSpec))
+		Expect(condition(name, messagingv1alpha1.ConditionReconciling)()).To(HavePrefix("False/"))
+		Expect(get(name).Status.ObservedGeneration).To(Equal(get(name).Generation))
+		err := k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &appsv1.Deployment{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a Deployment exists: %v", err)
+
+		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) {
+			idc.Spec.Runtime.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].LabelSelector.MatchExpressions[0].Operator = metav1.LabelSelectorOpIn
+		})
+		Eventually(condition(name, messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("False/" + messagingv1alpha1.ReasonReady))
+		Expect(deployment(name).Spec.Template.Spec.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution[0].LabelSelector.MatchExpressions[0].Operator).
+			To(Equal(metav1.LabelSelectorOpIn))
 	})
 })

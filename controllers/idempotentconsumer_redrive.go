@@ -214,6 +214,13 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 	switch err := r.client.Create(ctx, job); {
 	case apierrors.IsAlreadyExists(err):
 		// Created by a pass whose Job the cache has not shown yet.
+	case apierrors.IsInvalid(err):
+		// Refused for good (the same pod spec as the Deployment's, which
+		// stalls the pass first, so seldom): the redrive fails, no retry.
+		msg := refusedChild("Job", job.Name, err).Error()
+		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: msg}
+		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
+		return nil
 	case err != nil:
 		return fmt.Errorf("creating redrive Job %s: %w", job.Name, err)
 	default:

@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -95,7 +94,7 @@ func (r *Reconciler) workloadPhase(ctx context.Context, s *scope) (ctrl.Result, 
 func (r *Reconciler) applyOrRemove(ctx context.Context, s *scope, obj client.Object, want bool) error {
 	if want {
 		if err := r.apply(ctx, s.idc, obj); err != nil {
-			return r.childConflict(s, err)
+			return r.childRefused(s, err)
 		}
 		return nil
 	}
@@ -112,17 +111,6 @@ func (r *Reconciler) applyOrRemove(ctx context.Context, s *scope, obj client.Obj
 	}
 	r.applied.forgetChild(client.ObjectKeyFromObject(s.idc), obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
 	return nil
-}
-
-// childConflict stalls the pass for a child another owner holds (Conflict)
-// and returns any other error.
-func (r *Reconciler) childConflict(s *scope, err error) error {
-	var ce *conflictError
-	if errors.As(err, &ce) {
-		s.stall(messagingv1alpha1.ReasonConflict, ce.Error())
-		return nil
-	}
-	return err
 }
 
 // endpoint is a host and port the runtime connects to.
