@@ -151,9 +151,7 @@ func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, er
 		brokerReads.WithLabelValues(s.rc.Config.Source.Kind(), result).Inc()
 		r.readings.put(s.key, s.reading)
 	}
-	if lag := s.reading.reading.Lag; lag != nil {
-		s.idc.Status.Lag = lag
-	}
+	observeLag(s, s.reading.reading.Lag)
 	if s.reading.failedRead() {
 		s.obs.brokerLimits = unknown(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("the broker was not read (%s); the limits are not known", errtext.Of(s.reading.err)))
 	} else {

@@ -202,6 +202,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 func (r *Reconciler) forget(key types.NamespacedName) {
 	forgetBrokerLimits(key.Namespace, key.Name)
 	forgetInboxLost(key.Namespace, key.Name)
+	forgetLag(key)
 	r.readings.forget(key)
 	r.applied.forget(key)
 	r.sinkMemo.forget(key)

@@ -124,6 +124,8 @@ type fakeBroker struct {
 	window time.Duration
 	err    error
 	limits retention.ConsumerLimits
+	// lag the broker reports (7 when nil).
+	lag *int64
 }
 
 func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string) string, now time.Time) (BrokerReading, error) {
@@ -134,6 +136,9 @@ func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string)
 		return BrokerReading{}, f.err
 	}
 	lag := int64(7)
+	if f.lag != nil {
+		lag = *f.lag
+	}
 	res := retention.Result{
 		Window: f.window, Source: retention.SourceBroker, DerivedFrom: fmt.Sprintf("max_age=%s (fake)", f.window),
 		InputsHash: fmt.Sprintf("%x", int64(f.window)), ObservedAt: now, Limits: f.limits,

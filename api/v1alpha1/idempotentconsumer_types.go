@@ -21,7 +21,7 @@ import (
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Guarantee",type=string,JSONPath=`.status.guarantee`,priority=1
-// +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.lag`,priority=1,description="The broker's backlog for this consumer"
+// +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.lag`,priority=1,description="The broker's backlog for this consumer, rewritten when it crosses a power of ten"
 type IdempotentConsumer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -161,7 +161,12 @@ type IdempotentConsumerStatus struct {
 	LastPrune *PruneRunStatus `json:"lastPrune,omitempty"`
 	// lag is the broker's backlog for this consumer (JetStream
 	// num_pending+num_ack_pending, Kafka partition lag, RabbitMQ
-	// ready+unacked, Redis XINFO GROUPS lag), read at each retention pass.
+	// ready+unacked, Redis XINFO GROUPS lag), read at each retention pass
+	// but written only when it crosses a power of ten (buckets 0, 1-9,
+	// 10-99, 100-999, ...; the value of the read that moved it there): a
+	// backlog that moves with traffic does not rewrite status at every
+	// read. It gives the order of magnitude; the exact figure at every
+	// read is the manager's idc_resource_lag_messages gauge.
 	// +optional
 	Lag *int64 `json:"lag,omitempty"`
 	// lastRedrive is the latest redrive run through the
