@@ -141,6 +141,10 @@ func fixtureScenarios() []fixtureScenario {
 			"cannot reach the database of Secret \"orders-db\" key \"dsn\": connection refused; retrying with backoff")},
 		{name: "stalled-permission-denied", obs: inboxFailed(messagingv1alpha1.ReasonPermissionDenied,
 			"permission denied on the database named by Secret \"orders-db\" key \"dsn\" (SQLSTATE 42501: permission denied for schema projections); grant the role CREATE on the database and schema (GRANT USAGE, CREATE ON SCHEMA \"projections\" TO the role)")},
+		{name: "stalled-authentication-failed", obs: inboxFailed(messagingv1alpha1.ReasonAuthenticationFailed,
+			"the sink database refused the credentials in Secret \"orders-db\" key \"dsn\" (SQLSTATE 28P01: password authentication failed for user \"orders\"): check the user and password in the connection string (and pg_hba.conf)")},
+		{name: "progressing-migration-queued", obs: inboxFailed(messagingv1alpha1.ReasonMigrationQueued,
+			"the inbox migration in the database named by Secret \"orders-db\" key \"dsn\" is queued: the inbox migration gave up waiting for a migration slot: waited 20s for one of the 2 migrations allowed at once on the sink database, all held by other inboxes' migrations; it runs on the next check")},
 		{name: "progressing-provisioning-failed", obs: inboxFailed(messagingv1alpha1.ReasonProvisioningFailed,
 			"provisioning the inbox in schema projections failed (SQLSTATE 53100: could not extend file)")},
 		// A deletion that left the tables in place writes this one condition
