@@ -242,7 +242,7 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 	childApplies.WithLabelValues(gvk.Kind).Inc()
 	applied := un.DeepCopy()
 	if err := r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), fieldOwner, client.ForceOwnership); err != nil {
-		if refused := refusedChild(gvk.Kind, obj.GetName(), err); refused != err {
+		if refused := invalidChild(gvk.Kind, obj.GetName(), err); refused != nil {
 			r.applied.put(owner, child, appliedChild{hash: hash, refused: refused})
 			return refused
 		}

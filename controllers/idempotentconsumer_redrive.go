@@ -217,7 +217,7 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 	case apierrors.IsInvalid(err):
 		// Refused for good (the same pod spec as the Deployment's, which
 		// stalls the pass first, so seldom): the redrive fails, no retry.
-		msg := refusedChild("Job", job.Name, err).Error()
+		msg := invalidChild("Job", job.Name, err).Error()
 		idc.Status.LastRedrive = &messagingv1alpha1.RedriveRunStatus{Token: token, Phase: messagingv1alpha1.RedriveFailed, Message: msg}
 		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", msg)
 		return nil

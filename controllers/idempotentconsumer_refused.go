@@ -23,12 +23,11 @@ type invalidChildError struct {
 
 func (e *invalidChildError) Error() string { return e.message }
 
-// refusedChild turns an apply error into an *invalidChildError when the
-// API server refused the child as invalid; any other error is returned as
-// it is.
-func refusedChild(kind, name string, err error) error {
+// invalidChild is the *invalidChildError of an apply or create error the
+// API server refused as invalid, nil for any other error.
+func invalidChild(kind, name string, err error) *invalidChildError {
 	if !apierrors.IsInvalid(err) {
-		return err
+		return nil
 	}
 	var causes []string
 	var status apierrors.APIStatus
