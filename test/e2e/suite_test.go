@@ -59,6 +59,7 @@ func TestRealNode(t *testing.T) {
 		{"metrics-authn-authz", s.metricsAuth},
 		{"shipped-alerts-page-for-a-revoked-grant", s.shippedAlertsPage},
 		{"jetstream-upsert-duplicates-and-reordering", s.jetStreamOrders},
+		{"inbox-owned-across-namespaces", s.inboxOwnedAcrossNamespaces},
 		{"autoscale-on-lag-with-keda", s.autoscaleOnLag},
 		{"autoscale-from-zero-with-keda", s.autoscaleFromZero},
 		{"kubectl-idc-plugin", s.kubectlPlugin},
