@@ -3,7 +3,12 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -36,7 +41,9 @@ func consumerIdentity(idc *messagingv1alpha1.IdempotentConsumer) string {
 	case s.Kafka != nil:
 		return fmt.Sprintf("kafka|%s|%s", strings.Join(s.Kafka.BootstrapServers, ","), s.Kafka.ConsumerGroup)
 	case s.RabbitMQ != nil:
-		return fmt.Sprintf("rabbitmq|%s/%s/%s|%s", idc.Namespace, s.RabbitMQ.URISecretRef.Name, s.RabbitMQ.URISecretRef.Key, s.RabbitMQ.Queue)
+		// The broker is in the URI Secret: resources on one queue name are
+		// candidates, and sameRabbitMQ compares the brokers they reach.
+		return "rabbitmq|" + s.RabbitMQ.Queue
 	case s.RedisStreams != nil:
 		return fmt.Sprintf("redis|%s|%s|%s", s.RedisStreams.Address, s.RedisStreams.Stream, s.RedisStreams.Group)
 	}
@@ -69,10 +76,75 @@ func (r *Reconciler) findConflict(ctx context.Context, idc *messagingv1alpha1.Id
 			if other.UID == idc.UID || !other.DeletionTimestamp.IsZero() {
 				continue
 			}
+			if idc.Spec.Source.RabbitMQ != nil {
+				same, err := r.sameRabbitMQ(ctx, idc, other)
+				if err != nil {
+					return "", err
+				}
+				if !same {
+					continue
+				}
+			}
 			if olderThan(other, idc) {
 				return fmt.Sprintf("IdempotentConsumer %s/%s already owns the %s; delete one of the two or change this one", other.Namespace, other.Name, c.what), nil
 			}
 		}
 	}
 	return "", nil
+}
+
+// sameRabbitMQ says whether two resources on one queue name reach the same
+// broker and virtual host, whatever Secrets (in whichever namespaces) hold
+// their URIs: two Secrets with one URI share the queue, and the consumer
+// would take half of its messages. A URI that cannot be read proves
+// nothing: that resource is not consuming either.
+func (r *Reconciler) sameRabbitMQ(ctx context.Context, a, b *messagingv1alpha1.IdempotentConsumer) (bool, error) {
+	ea, err := r.rabbitEndpoint(ctx, a)
+	if err != nil || ea == "" {
+		return false, err
+	}
+	eb, err := r.rabbitEndpoint(ctx, b)
+	if err != nil || eb == "" {
+		return false, err
+	}
+	return ea == eb, nil
+}
+
+// rabbitEndpoint is host:port/vhost of the resource's RabbitMQ URI (never
+// its credentials); "" when its Secret or key is missing or the URI does
+// not parse.
+func (r *Reconciler) rabbitEndpoint(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer) (string, error) {
+	ref := idc.Spec.Source.RabbitMQ.URISecretRef
+	var sec corev1.Secret
+	if err := r.secrets.Get(ctx, types.NamespacedName{Namespace: idc.Namespace, Name: ref.Name}, &sec); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("reading the RabbitMQ URI Secret %s/%s to compare brokers: %w", idc.Namespace, ref.Name, err)
+	}
+	return amqpEndpoint(string(sec.Data[ref.Key])), nil
+}
+
+// amqpEndpoint normalizes an AMQP URI to host:port/vhost: the host
+// lowercased, the default port filled in, the vhost unescaped ("/" when
+// empty); "" when it does not parse.
+func amqpEndpoint(uri string) string {
+	u, err := url.Parse(strings.TrimSpace(uri))
+	if err != nil || u.Hostname() == "" {
+		return ""
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5672"
+		if u.Scheme == "amqps" {
+			port = "5671"
+		}
+	}
+	vhost := "/"
+	if p := strings.TrimPrefix(u.Path, "/"); p != "" {
+		if v, err := url.PathUnescape(p); err == nil {
+			vhost = v
+		}
+	}
+	return strings.ToLower(u.Hostname()) + ":" + port + "/" + vhost
 }
