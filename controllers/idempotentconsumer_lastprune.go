@@ -31,6 +31,18 @@ func (r *Reconciler) lastPrunePhase(ctx context.Context, s *scope) (ctrl.Result,
 		r.distrustSink(s)
 		return ctrl.Result{}, nil
 	}
+	if olderThanRecorded(run, idc.Status.LastPrune) && statusEpoch(idc) != "" {
+		// The inbox is older than what this resource recorded of it: a
+		// restore from an earlier backup lost the claims made since. Mark
+		// it lost in the database, where every runtime's guard sees it;
+		// the next pass reports InboxLost.
+		if err := r.opts.Sink.MarkRestored(ctx, s.target(), statusEpoch(idc)); err != nil {
+			return ctrl.Result{}, err
+		}
+		log.FromContext(ctx).Info("the inbox is older than the last prune run recorded in status; marked lost",
+			"recordedPrune", idc.Status.LastPrune.Time.UTC().Format(time.RFC3339))
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	idc.Status.LastPrune = lastPruneStatus(run)
 	if heldBackSeconds(idc.Status.LastPrune, r.opts.Clock.Now()) > 0 && obs.prune.ok {
 		obs.prune = okOutcome(messagingv1alpha1.ReasonPruneHeldBack, fmt.Sprintf(
@@ -38,6 +50,23 @@ func (r *Reconciler) lastPrunePhase(ctx context.Context, s *scope) (ctrl.Result,
 			idc.Status.LastPrune.Time.UTC().Format(time.RFC3339), idc.Status.LastPrune.HeldBack))
 	}
 	return ctrl.Result{}, nil
+}
+
+// olderThanRecorded: the inbox's latest prune run is from before the one
+// status recorded (or it has none any more), so the inbox was restored from
+// an earlier backup. Status keeps the finish time to the second.
+func olderThanRecorded(run *inbox.PruneRun, recorded *messagingv1alpha1.PruneRunStatus) bool {
+	if recorded == nil || recorded.Time == nil {
+		return false
+	}
+	switch {
+	case run == nil:
+		return true
+	case run.FinishedAt != nil:
+		return run.FinishedAt.Truncate(time.Second).Before(recorded.Time.Time)
+	default:
+		return run.StartedAt.Truncate(time.Second).Before(recorded.Time.Time)
+	}
 }
 
 // heldBackSeconds is the hold's age for the metric: from heldSince to now,

@@ -66,6 +66,9 @@ type Provisioner interface {
 	// resource as the inbox's owner and returns the schema version and the
 	// inbox's identity; *inbox.OwnedError and *inbox.LostError refuse.
 	Ensure(ctx context.Context, t sinkdb.Target) (sinkdb.Ensured, error)
+	// MarkRestored marks the inbox of epoch lost: it is older than the
+	// resource's record of it.
+	MarkRestored(ctx context.Context, t sinkdb.Target, epoch string) error
 	// Drop drops the tables of an inbox the resource owns; dropping what
 	// is gone succeeds.
 	Drop(ctx context.Context, t sinkdb.Target) error

@@ -150,6 +150,27 @@ var _ = Describe("the inbox's owner and epoch", func() {
 		Eventually(eventsWithReason(name, messagingv1alpha1.ReasonInboxLossAccepted), timeout, interval).Should(Equal(1))
 		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).NotTo(Equal("True/" + messagingv1alpha1.ReasonInboxLost))
 	})
+
+	It("fails closed on an inbox restored from a backup older than its last recorded prune run", func() {
+		create(owned(newConsumer(name, stream, secret)))
+		Eventually(epochOf("default", name), timeout, interval).ShouldNot(BeEmpty())
+		epoch := epochOf("default", name)()
+		runs := fmt.Sprintf("projections.%s_prune_runs", table)
+		sinkExec(fmt.Sprintf("INSERT INTO %s (started_at, finished_at, cutoff, window_seconds) VALUES (now() - interval '1 minute', now(), now() - interval '25 hours', 90000)", runs))
+		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) { idc.Spec.Delivery.BatchSize = 400 })
+		Eventually(func() bool { return get(name).Status.LastPrune != nil }, timeout, interval).Should(BeTrue())
+
+		// The database restored from a backup taken an hour earlier: its
+		// last prune run is older than the one status recorded.
+		sinkExec("DELETE FROM "+runs,
+			fmt.Sprintf("INSERT INTO %s (started_at, finished_at, cutoff, window_seconds) VALUES (now() - interval '61 minutes', now() - interval '1 hour', now() - interval '26 hours', 90000)", runs))
+		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) { idc.Spec.Delivery.BatchSize = 300 })
+		Eventually(condition(name, messagingv1alpha1.ConditionStalled), timeout, interval).Should(Equal("True/" + messagingv1alpha1.ReasonInboxLost))
+		msg := conditionMessage(name, messagingv1alpha1.ConditionStalled)
+		GinkgoWriter.Printf("restored: %s\n", msg)
+		Expect(msg).To(ContainSubstring("older than this resource's record"))
+		Expect(msg).To(ContainSubstring(messagingv1alpha1.AnnotationAcceptInboxLoss + "=" + epoch))
+	})
 })
 
 // runtimeEpoch reads the inbox epoch the consumer's ConfigMap gives the

@@ -82,6 +82,10 @@ func (f *fakeSink) Ensure(_ context.Context, t sinkdb.Target) (sinkdb.Ensured, e
 	return sinkdb.Ensured{Version: inbox.SchemaVersion, Identity: inbox.Identity{Owner: t.Claim.Owner, Epoch: "0123456789abcdef0123456789abcdef", Database: "1/test"}}, f.ensureErr
 }
 func (f *fakeSink) Drop(context.Context, sinkdb.Target) error { f.called("Drop"); return f.dropErr }
+func (f *fakeSink) MarkRestored(context.Context, sinkdb.Target, string) error {
+	f.called("MarkRestored")
+	return nil
+}
 func (f *fakeSink) Release(owner string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

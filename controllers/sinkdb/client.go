@@ -108,6 +108,11 @@ type Ensured struct {
 	Previous inbox.Owner
 }
 
+// MarkRestored marks the inbox of epoch lost (inbox.Store.MarkRestored).
+func (c *Client) MarkRestored(ctx context.Context, t Target, epoch string) error {
+	return c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error { return s.MarkRestored(ctx, epoch) })
+}
+
 // Drop drops the inbox tables when the inbox records t.Claim.Owner as its
 // owner (inbox.ErrNotOwner otherwise); dropping what is gone succeeds.
 func (c *Client) Drop(ctx context.Context, t Target) error {

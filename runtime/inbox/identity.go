@@ -124,8 +124,29 @@ func (e *OwnedError) Error() string {
 var ErrNotOwner = errors.New("the inbox records another owner")
 
 // truncatedPrefix marks an epoch whose inbox table was truncated (the
-// trigger truncationDDL installs writes it).
-const truncatedPrefix = "truncated:"
+// trigger truncationDDL installs writes it); restoredPrefix one the
+// controller found older than its own record of it (MarkRestored).
+const (
+	truncatedPrefix = "truncated:"
+	restoredPrefix  = "restored:"
+)
+
+// spoiled: the epoch was marked lost in place (truncated, restored).
+func spoiled(epoch string) bool {
+	return strings.HasPrefix(epoch, truncatedPrefix) || strings.HasPrefix(epoch, restoredPrefix)
+}
+
+// MarkRestored marks the inbox of epoch lost in its own meta row: the
+// controller found it older than what the resource recorded of it (its
+// latest prune run is from before the one in status.lastPrune: restored
+// from an earlier backup, claims made since gone). Every runtime's guard
+// then holds, and the controller reports InboxLost, until a person accepts.
+func (s *Store) MarkRestored(ctx context.Context, epoch string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE `+s.meta+` SET epoch = '`+restoredPrefix+`' || epoch WHERE epoch = $1`, epoch); err != nil {
+		return fmt.Errorf("while marking inbox %s restored: %w", s.inbox, err)
+	}
+	return nil
+}
 
 // truncationDDL installs the trigger that marks the epoch truncated when
 // the inbox table is: a statement trigger, which costs a claim nothing.
@@ -198,6 +219,8 @@ func (st inboxState) lost(epoch string) string {
 		return "the inbox meta table or its row is gone"
 	case st.epoch == truncatedPrefix+epoch:
 		return "the inbox table was truncated"
+	case st.epoch == restoredPrefix+epoch:
+		return "the inbox is older than this resource's record of it: its latest prune run is from before the one in status.lastPrune (restored from an earlier backup?), so the claims made since are gone"
 	case st.epoch != epoch:
 		if st.epoch == "" {
 			return "the inbox records no epoch (re-created, or restored from before it had one)"
@@ -234,7 +257,7 @@ func (s *Store) refusal(st inboxState, c *OwnerClaim) error {
 
 // identityDone: nothing about the inbox's identity is left to write for c.
 func (st inboxState) identityDone(c *OwnerClaim) bool {
-	return st.epoch != "" && !strings.HasPrefix(st.epoch, truncatedPrefix) && (c == nil || st.owner == c.Owner && !c.AcceptLoss)
+	return st.epoch != "" && !spoiled(st.epoch) && (c == nil || st.owner == c.Owner && !c.AcceptLoss)
 }
 
 // writeIdentity records c's owner (when c is set) and, when the inbox has
@@ -242,7 +265,7 @@ func (st inboxState) identityDone(c *OwnerClaim) bool {
 // epoch and installs the truncation trigger; in the migration transaction.
 func (s *Store) writeIdentity(ctx context.Context, tx pgx.Tx, st inboxState, c *OwnerClaim) (string, error) {
 	epoch := st.epoch
-	if epoch == "" || strings.HasPrefix(epoch, truncatedPrefix) || (c != nil && c.AcceptLoss) {
+	if epoch == "" || spoiled(epoch) || (c != nil && c.AcceptLoss) {
 		epoch = newEpoch()
 		stmts := append(s.truncationDDL(), `UPDATE `+s.meta+` SET epoch = `+literal(epoch))
 		if s.layout == config.LayoutPartitioned {

@@ -134,6 +134,7 @@ func TestLostInboxFailsClosed(t *testing.T) {
 			{"truncated", "was truncated", []string{"TRUNCATE app.inbox_orders"}},
 			{"partition truncated", "was truncated", []string{"TRUNCATE app.PARTITION"}},
 			{"re-created", "records epoch", []string{"UPDATE app.inbox_orders_meta SET epoch = 'feedfeedfeedfeedfeedfeedfeedfeed'"}},
+			{"restored older", "older than this resource's record", nil},
 		} {
 			if tc.name == "partition truncated" && layout != config.LayoutPartitioned {
 				continue
@@ -154,6 +155,11 @@ func TestLostInboxFailsClosed(t *testing.T) {
 				runtimeStore := identityStore(t, pool, layout, WithExpectedEpoch(id.Epoch))
 				if err := runtimeStore.Verify(ctx); err != nil {
 					t.Fatalf("Verify of an intact inbox: %v", err)
+				}
+				if tc.lose == nil {
+					if err := s.MarkRestored(ctx, id.Epoch); err != nil {
+						t.Fatal(err)
+					}
 				}
 				for _, stmt := range tc.lose {
 					pgtest.Exec(t, pool, strings.ReplaceAll(stmt, "PARTITION", s.PartitionName(Day(time.Now()))))
