@@ -33,7 +33,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 			// there is nothing to add, which would stall (or deadlock with)
 			// the replicas already consuming. Only an optional table it now
 			// uses is created, and the version recorded.
-			if err := execAll(ctx, tx, s.optionalDDL(st, false)); err != nil || st.version == SchemaVersion {
+			stmts := append(s.progressUpgradeDDL(), s.optionalDDL(st, false)...)
+			if err := execAll(ctx, tx, stmts); err != nil || st.version == SchemaVersion {
 				return err
 			}
 			return s.recordVersion(ctx, tx)
@@ -45,6 +46,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return execAll(ctx, tx, append(stmts, s.metaDDL(), s.insertVersion()))
 		}
 		stmts := append(s.ddl(), s.upgradeDDL()...)
+		stmts = append(stmts, s.progressUpgradeDDL()...)
 		stmts = append(stmts, s.optionalDDL(st, true)...)
 		if err := execAll(ctx, tx, append(stmts, s.metaDDL())); err != nil {
 			return err
@@ -234,7 +236,8 @@ func (s *Store) ddl() []string {
 			positions      jsonb NOT NULL DEFAULT '{}',
 			stopped        boolean NOT NULL DEFAULT false,
 			stale_since    timestamptz,
-			settle_mark    jsonb
+			settle_mark    jsonb,
+			consumer       jsonb
 		)`,
 		// The window in force and a pending shrink, beside the data: the
 		// controller and the prune job adopt through one function, and a
@@ -274,6 +277,20 @@ func (s *Store) upgradeDDL() []string {
 			ADD COLUMN IF NOT EXISTS held_reason text,
 			ADD COLUMN IF NOT EXISTS held_since timestamptz`,
 	}
+}
+
+// progressUpgradeDDL adds <inbox>_progress.consumer (schema version 7): the
+// broker consumer the replica consumed from (ConsumerIdentity), which a
+// prune run needs before it may take a broker reading as evidence about a
+// gone replica's claims. It is nullable (rows of older runtimes have none)
+// and added only when missing, so an inbox that has it takes no lock.
+func (s *Store) progressUpgradeDDL() []string {
+	return []string{`DO $idc$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = ` + literal(s.progress) + `::regclass
+				AND attname = 'consumer' AND NOT attisdropped) THEN
+			ALTER TABLE ` + s.progress + ` ADD COLUMN consumer jsonb;
+		END IF;
+	END $idc$`}
 }
 
 // outboxDDL creates the transactional outbox (spec.emit, http delivery:

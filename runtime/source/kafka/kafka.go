@@ -65,7 +65,10 @@ type topicPartition struct {
 	partition int32
 }
 
-var _ source.Source = (*Source)(nil)
+var (
+	_ source.Source    = (*Source)(nil)
+	_ source.Confirmer = (*Source)(nil)
+)
 
 // Option customises New.
 type Option func(*options)
@@ -329,6 +332,28 @@ func (s *Source) allowRebalanceIfIdle() {
 	if idle {
 		s.cl.AllowRebalance()
 	}
+}
+
+// ConfirmAcks confirms a batch once the offsets this client committed (each
+// CommitRecords that returned nil: the broker answered the commit) are past
+// every record of it. An Ack that returned nil commits nothing when an
+// older record of the partition is still outstanding, and a failed commit
+// is covered by a later one; neither counts before that. No round trip.
+func (s *Source) ConfirmAcks(_ context.Context, batches [][]source.Message) ([]bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := make([]bool, len(batches))
+	for i, b := range batches {
+		ok[i] = true
+		for _, m := range b {
+			r, isKafka := m.Ref.(*kgo.Record)
+			if !isKafka || r.Offset >= s.committed[topicPartition{r.Topic, r.Partition}] {
+				ok[i] = false // not yet: no error, a later commit covers it
+				break
+			}
+		}
+	}
+	return ok, nil
 }
 
 // Close leaves the group without committing: records fetched but not

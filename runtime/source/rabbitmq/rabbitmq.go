@@ -73,6 +73,10 @@ type session struct {
 	deferred map[uint64]time.Time
 	// done stops the pump when the session is dropped.
 	done chan struct{}
+	// rpc serializes the synchronous methods on ch (the backlog's passive
+	// queue.declare, ConfirmAcks' basic.qos): amqp091 hands a reply to
+	// whichever caller waits first.
+	rpc sync.Mutex
 }
 
 // close stops the pump and closes the connection (and so the channel).
@@ -87,7 +91,10 @@ type ref struct {
 	tag uint64
 }
 
-var _ source.Source = (*Source)(nil)
+var (
+	_ source.Source    = (*Source)(nil)
+	_ source.Confirmer = (*Source)(nil)
+)
 
 // Option customises New.
 type Option func(*options)
@@ -361,7 +368,9 @@ func (s *Source) backlog(ctx context.Context, sess *session, wait time.Duration)
 	ready := make(chan int, 1)
 	go func() {
 		defer s.asking.Store(false)
+		sess.rpc.Lock()
 		q, err := sess.ch.QueueDeclarePassive(s.queue, true, false, false, false, nil)
+		sess.rpc.Unlock()
 		if err != nil {
 			s.log.V(1).Info("could not read the queue's ready count; taking what has arrived", "error", err.Error())
 			ready <- 0
@@ -530,6 +539,88 @@ func oldestPending(pending map[uint64]struct{}) uint64 {
 	return oldest
 }
 
+// ConfirmAcks proves that the acknowledgements of batches reached the
+// broker. basic.ack has no reply, so after the acks it sends a synchronous
+// method on the same channel, basic.qos with the prefetch already in force
+// (a no-op that answers qos-ok): the broker's channel handles a channel's
+// methods in order, so its answer comes after it took every ack sent
+// before. basic.qos rather than a passive queue.declare: that one closes
+// the channel when the queue is gone (requeueing every delivery in hand),
+// and a confirmation must never cost a redelivery.
+//
+// A batch is confirmed only when every delivery of it came on the current
+// channel and its ack was sent (the deferred ones are sent now, one frame
+// each, so a batch's confirmation never waits for an older lane). Deliveries of a closed channel
+// cannot be confirmed: the broker requeued the ones it had not taken the
+// ack of, and which those were is unknown. Their batches are settled when
+// the redelivery's acknowledgement is (the progress record matches them by
+// message_id), or proven by a prune run from the queue.
+func (s *Source) ConfirmAcks(ctx context.Context, batches [][]source.Message) ([]bool, error) {
+	ok := make([]bool, len(batches))
+	s.mu.Lock()
+	sess := s.session
+	if sess == nil {
+		s.mu.Unlock()
+		return ok, errors.New("not connected to RabbitMQ: acknowledgements cannot be confirmed")
+	}
+	sendErr := s.ackTags(sess, nil, s.opts.clock.Now())
+	if sendErr == nil {
+		sendErr = s.ackEach(sess, slices.Collect(maps.Keys(sess.deferred)))
+	}
+	sent, stale := 0, 0
+	for i, b := range batches {
+		ok[i] = true
+		for _, m := range b {
+			r, isRabbit := m.Ref.(ref)
+			if !isRabbit || r.gen != sess.gen {
+				ok[i] = false
+				stale++
+				break
+			}
+			_, pending := sess.pending[r.tag]
+			_, deferred := sess.deferred[r.tag]
+			if pending || deferred {
+				ok[i] = false
+				break
+			}
+		}
+		if ok[i] {
+			sent++
+		}
+	}
+	s.mu.Unlock()
+	if sendErr != nil {
+		return make([]bool, len(batches)), sendErr
+	}
+	if sent > 0 {
+		if err := s.barrier(ctx, sess); err != nil {
+			return make([]bool, len(batches)), fmt.Errorf("while confirming acknowledgements with a round trip on the channel (basic.qos): %w", err)
+		}
+	}
+	if stale > 0 {
+		return ok, fmt.Errorf("%d acknowledged batches came on a channel that has closed since: %w", stale, ErrStaleDelivery)
+	}
+	return ok, nil
+}
+
+// barrier is ConfirmAcks' round trip. amqp091 cannot abandon a call, so
+// it runs aside and ctx bounds the wait: on a half-open connection it only
+// ends when the heartbeat gives the connection up.
+func (s *Source) barrier(ctx context.Context, sess *session) error {
+	done := make(chan error, 1)
+	go func() {
+		sess.rpc.Lock()
+		defer sess.rpc.Unlock()
+		done <- sess.ch.Qos(s.cfg.Prefetch, 0, false)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no answer from the broker: %w", ctx.Err())
+	}
+}
+
 // Close closes the connection; the broker requeues unacknowledged
 // deliveries.
 func (s *Source) Close() error {
@@ -545,11 +636,11 @@ func (s *Source) Close() error {
 	if sess == nil {
 		return nil
 	}
-	if flushErr != nil {
-		s.log.Error(flushErr, "Sending the deferred acknowledgements failed; the broker redelivers them")
-	}
 	if err := sess.close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
-		return fmt.Errorf("while closing the RabbitMQ connection: %w", err)
+		return errors.Join(flushErr, fmt.Errorf("while closing the RabbitMQ connection: %w", err))
+	}
+	if flushErr != nil {
+		return fmt.Errorf("sending the deferred acknowledgements failed; the broker redelivers them: %w", flushErr)
 	}
 	return nil
 }
