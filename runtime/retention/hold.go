@@ -164,6 +164,13 @@ func evidenceOf(r inbox.ProgressRecord, st Settlement) evidence {
 		if st.Unsettled == 0 {
 			return evidence{settled: true}
 		}
+		if st.Consumer.Created == nil && st.Ceiling != nil && !reported(r, st) {
+			// Nothing ties this reading to the replica's claims: no
+			// creation time, and the replica died before a heartbeat
+			// said how far it claimed. A re-created consumer's position
+			// could be below them, so the stamp is the Ceiling.
+			return evidence{stamp: st.Ceiling}
+		}
 		return evidence{stamp: st.Position}
 	}
 	ceiling := st.Ceiling
@@ -187,6 +194,16 @@ func otherConsumer(r inbox.ProgressRecord, st Settlement) string {
 			cur, r.Replica, r.StartedAt.UTC().Format(time.RFC3339Nano))
 	}
 	return wentBack(st, r.Positions, "what the replica claimed")
+}
+
+// reported: r's positions cover a monotonic key of st.
+func reported(r inbox.ProgressRecord, st Settlement) bool {
+	for _, k := range st.Monotonic {
+		if _, ok := r.Positions[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // wentBack says which monotonic key of st's Position is below ref's.

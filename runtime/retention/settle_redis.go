@@ -51,6 +51,19 @@ func (r *redisSession) settle(ctx context.Context) (Settlement, error) {
 		return Settlement{}, fmt.Errorf("last-generated-id of Redis stream %s: %w", r.cfg.Stream, err)
 	}
 	st.Ceiling = map[string]int64{"stream": max(ceiling, st.Position["stream"])}
+	// A Redis group records no creation time: one re-created (or set back)
+	// reads like the replica's with nothing pending. So entries not
+	// delivered yet count as Unsettled too (the group's lag, or at least
+	// one while it trails the stream): "nothing unsettled" then means the
+	// group is through the whole stream.
+	switch {
+	case g.Lag > 0:
+		st.Unsettled += g.Lag
+		st.Facts += fmt.Sprintf(", %d not delivered yet", g.Lag)
+	case g.Lag < 0 && st.Position["stream"] < ceiling:
+		st.Unsettled++
+		st.Facts += ", entries not delivered yet (lag unknown)"
+	}
 	return st, nil
 }
 
