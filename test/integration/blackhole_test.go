@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"bytes"
+	"encoding/binary"
 	"io"
 	"net"
 	"sync"
@@ -24,6 +26,11 @@ type blackhole struct {
 	closed   bool
 	// dropped counts the bytes swallowed from the client.
 	dropped atomic.Int64
+	// trigger, when set, turns the proxy half-open at the first chunk from
+	// the client it matches (that chunk is swallowed too); fired says it did.
+	trigger atomic.Pointer[func([]byte) bool]
+	fired   chan struct{}
+	once    sync.Once
 }
 
 // newBlackhole listens on loopback and forwards to target until closed at
@@ -34,7 +41,7 @@ func newBlackhole(t *testing.T, target string) *blackhole {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &blackhole{ln: ln, target: target}
+	b := &blackhole{ln: ln, target: target, fired: make(chan struct{})}
 	go b.serve()
 	t.Cleanup(b.close)
 	return b
@@ -45,6 +52,11 @@ func (b *blackhole) addr() string { return b.ln.Addr().String() }
 // dropFromClient swallows what the runtime sends from now on (acks, pull
 // requests, PINGs); the broker's deliveries still arrive.
 func (b *blackhole) dropFromClient() { b.up.Store(true) }
+
+// halfOpenAt turns the proxy half-open (both ways) at the first chunk the
+// runtime sends that match reports: the first acknowledgement, so every
+// acknowledgement is lost while the deliveries before it arrived.
+func (b *blackhole) halfOpenAt(match func([]byte) bool) { b.trigger.Store(&match) }
 
 // dropBoth swallows everything both ways.
 func (b *blackhole) dropBoth() { b.up.Store(true); b.down.Store(true) }
@@ -59,6 +71,7 @@ func (b *blackhole) cut() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
+	b.trigger.Store(nil)
 	b.up.Store(false)
 	b.down.Store(false)
 }
@@ -71,13 +84,24 @@ func (b *blackhole) close() {
 	b.cut()
 }
 
+// setTarget is for a broker that must advertise the proxy's address
+// (kfake): it is listened on after the proxy.
+func (b *blackhole) setTarget(target string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.target = target
+}
+
 func (b *blackhole) serve() {
 	for {
 		c, err := b.ln.Accept()
 		if err != nil {
 			return
 		}
-		s, err := net.Dial("tcp", b.target)
+		b.mu.Lock()
+		target := b.target
+		b.mu.Unlock()
+		s, err := net.Dial("tcp", target)
 		if err != nil {
 			_ = c.Close()
 			continue
@@ -102,6 +126,12 @@ func (b *blackhole) pipe(dst io.WriteCloser, src io.ReadCloser, drop *atomic.Boo
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && fromClient {
+			if m := b.trigger.Load(); m != nil && (*m)(buf[:n]) {
+				b.dropBoth()
+				b.once.Do(func() { close(b.fired) })
+			}
+		}
 		if n > 0 {
 			if drop.Load() {
 				if fromClient {
@@ -116,3 +146,40 @@ func (b *blackhole) pipe(dst io.WriteCloser, src io.ReadCloser, drop *atomic.Boo
 		}
 	}
 }
+
+// Matchers of each protocol's acknowledgement, as the runtime writes it.
+var (
+	// NATS: "PUB $JS.ACK.<stream>.<consumer>...".
+	natsAck = func(p []byte) bool { return bytes.Contains(p, []byte("$JS.ACK.")) }
+	// AMQP 0-9-1: a method frame of basic.ack (class 60, method 80).
+	amqpAck = func(p []byte) bool { return bytes.Contains(p, []byte{0x00, 0x3c, 0x00, 0x50}) }
+	// RESP: go-redis writes command names in lower case.
+	redisAck = func(p []byte) bool { return bytes.Contains(bytes.ToLower(p), []byte("\r\nxack\r\n")) }
+)
+
+// kafkaAck matches an OffsetCommit request (API key 8) at the start of a
+// Kafka request frame; the client writes whole requests, and the matcher
+// walks the frames of each chunk (size int32, then api_key int16).
+func kafkaAck(p []byte) bool {
+	for len(p) >= 6 {
+		size := int(binary.BigEndian.Uint32(p))
+		if binary.BigEndian.Uint16(p[4:]) == 8 {
+			return true
+		}
+		if size <= 0 || 4+size > len(p) {
+			return false
+		}
+		p = p[4+size:]
+	}
+	return false
+}
+
+// addrListener is a listener that reports another address: kfake
+// advertises its listener's address to clients, and this makes it the
+// proxy's.
+type addrListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (l addrListener) Addr() net.Addr { return l.addr }
