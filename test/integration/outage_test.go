@@ -162,10 +162,14 @@ func nothingAcknowledged(t *testing.T, b broker, total int) string {
 		}
 		return fmt.Sprintf("ack floor 0, delivered up to %d, %d ack pending", info.Delivered.Stream, info.NumAckPending)
 	case *kafkaBroker:
-		offs, err := kadm.NewClient(b.cl).FetchOffsets(ctx, b.group)
-		if err != nil {
-			t.Fatalf("fetching the group's offsets: %v", err)
-		}
+		// The test's client may go through a blackhole that just closed
+		// its connections (settle_outage_test.go): it reconnects.
+		var offs kadm.OffsetResponses
+		waitFor(t, 15*time.Second, "the group's offsets", func() error {
+			var err error
+			offs, err = kadm.NewClient(b.cl).FetchOffsets(ctx, b.group)
+			return err
+		})
 		var committed []string
 		offs.Each(func(o kadm.OffsetResponse) {
 			if o.Err == nil && o.At > 0 {
