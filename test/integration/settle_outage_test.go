@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
 // settleRun is one outageRun of issue 33's: a broker, its database and the
@@ -140,7 +141,8 @@ func acksLostOnAHalfOpenConnection(t *testing.T, bin string) {
 
 // halfOpen publishes, runs the runtime through hole until its first
 // acknowledgement turns the connection half-open, waits for a committed
-// batch and a heartbeat written after it, and stops the runtime with sig.
+// batch and heartbeats written for longer than retention.AnchorSlack after
+// it, and stops the runtime with sig.
 // The dead connection is closed once the process is gone.
 func halfOpen(hole *blackhole, match func([]byte) bool, sig syscall.Signal) func(*testing.T, string, *config.Config, *database, func()) {
 	return func(t *testing.T, bin string, cfg *config.Config, db *database, publish func()) {
@@ -153,16 +155,19 @@ func halfOpen(hole *blackhole, match func([]byte) bool, sig syscall.Signal) func
 			t.Fatalf("the runtime sent no acknowledgement in 60s\n%s", p.logs.String())
 		}
 		lost := time.Now()
-		waitFor(t, 30*time.Second, "a committed batch and a heartbeat after its acknowledgements were lost", func() error {
+		// Heartbeats for longer than the anchor's slack after the acks were
+		// lost: a replica that took its unconfirmed acks for done has moved
+		// its anchor past those claims by then.
+		after := lost.Add(retention.AnchorSlack + 2*time.Second)
+		waitFor(t, 30*time.Second, "a committed batch and heartbeats for longer than the anchor's slack after its acknowledgements were lost", func() error {
 			n := db.queryInt(t, "SELECT count(*) FROM app.effects")
-			hb := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders_progress WHERE heartbeat_at > $1", lost.Add(time.Second))
+			hb := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders_progress WHERE heartbeat_at > $1", after)
 			if n == 0 || hb == 0 {
 				return fmt.Errorf("%d effects, %d heartbeats since", n, hb)
 			}
 			return nil
 		})
-		var unacked int
-		unacked = db.queryInt(t, "SELECT count(*) FROM app.inbox_orders_progress WHERE unacked_since IS NOT NULL")
+		unacked := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders_progress WHERE unacked_since IS NOT NULL")
 		t.Logf("acknowledgements lost on the half-open connection (%d bytes dropped); progress records with unacknowledged claims: %d; sending %s",
 			hole.dropped.Load(), unacked, sig)
 		if err := p.cmd.Process.Signal(sig); err != nil {
