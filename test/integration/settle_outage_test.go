@@ -173,9 +173,15 @@ func halfOpen(hole *blackhole, match func([]byte) bool, sig syscall.Signal) func
 		if err := p.cmd.Process.Signal(sig); err != nil {
 			t.Fatal(err)
 		}
-		st := p.wait(t, 90*time.Second)
+		st := p.wait(t, 150*time.Second)
 		hole.cut()
-		t.Logf("runtime exited: %s", st)
+		var since, hb time.Time
+		var stopped bool
+		if err := db.pool.QueryRow(context.Background(), "SELECT coalesce(unacked_since, 'epoch'), heartbeat_at, stopped FROM app.inbox_orders_progress ORDER BY heartbeat_at DESC LIMIT 1").Scan(&since, &hb, &stopped); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("runtime exited: %s; its last progress record: heartbeat %s, unacknowledged since %s (acks lost at %s), stopped=%t",
+			st, hb.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano), lost.Format(time.RFC3339Nano), stopped)
 	}
 }
 

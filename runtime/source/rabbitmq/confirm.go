@@ -21,9 +21,9 @@ import (
 //
 // A batch is confirmed only when every delivery of it came on the current
 // channel and its ack was sent (the deferred ones are sent now, one frame
-// each, so a batch's confirmation never waits for an older lane). Deliveries of a closed channel
-// cannot be confirmed: the broker requeued the ones it had not taken the
-// ack of, and which those were is unknown. Their batches are settled when
+// each, so a batch's confirmation never waits for an older lane).
+// Deliveries of a closed channel cannot be confirmed: the broker requeued
+// the ones it had not taken the ack of, and which those were is unknown. Their batches are settled when
 // the redelivery's acknowledgement is (the progress record matches them by
 // message_id), or proven by a prune run from the queue.
 func (s *Source) ConfirmAcks(ctx context.Context, batches [][]source.Message) ([]bool, error) {
