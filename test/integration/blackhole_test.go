@@ -27,8 +27,10 @@ type blackhole struct {
 	// dropped counts the bytes swallowed from the client.
 	dropped atomic.Int64
 	// trigger, when set, turns the proxy half-open at the first chunk from
-	// the client it matches (that chunk is swallowed too); fired says it did.
-	trigger atomic.Pointer[func([]byte) bool]
+	// the client it matches (that chunk is swallowed too); fired says it
+	// did. It makes one matcher per connection (a matcher may keep state,
+	// e.g. Kafka's request framing).
+	trigger atomic.Pointer[func() func([]byte) bool]
 	fired   chan struct{}
 	once    sync.Once
 }
@@ -56,7 +58,7 @@ func (b *blackhole) dropFromClient() { b.up.Store(true) }
 // halfOpenAt turns the proxy half-open (both ways) at the first chunk the
 // runtime sends that match reports: the first acknowledgement, so every
 // acknowledgement is lost while the deliveries before it arrived.
-func (b *blackhole) halfOpenAt(match func([]byte) bool) { b.trigger.Store(&match) }
+func (b *blackhole) halfOpenAt(matcher func() func([]byte) bool) { b.trigger.Store(&matcher) }
 
 // dropBoth swallows everything both ways.
 func (b *blackhole) dropBoth() { b.up.Store(true); b.down.Store(true) }
@@ -124,10 +126,14 @@ func (b *blackhole) serve() {
 func (b *blackhole) pipe(dst io.WriteCloser, src io.ReadCloser, drop *atomic.Bool, fromClient bool) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	buf := make([]byte, 32<<10)
+	var match func([]byte) bool
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && fromClient {
-			if m := b.trigger.Load(); m != nil && (*m)(buf[:n]) {
+			if m := b.trigger.Load(); m != nil && match == nil {
+				match = (*m)()
+			}
+			if match != nil && match(buf[:n]) {
 				b.dropBoth()
 				b.once.Do(func() { close(b.fired) })
 			}
@@ -147,31 +153,53 @@ func (b *blackhole) pipe(dst io.WriteCloser, src io.ReadCloser, drop *atomic.Boo
 	}
 }
 
-// Matchers of each protocol's acknowledgement, as the runtime writes it.
+// Matchers of each protocol's acknowledgement, as the runtime writes it,
+// one per connection.
 var (
 	// NATS: "PUB $JS.ACK.<stream>.<consumer>...".
-	natsAck = func(p []byte) bool { return bytes.Contains(p, []byte("$JS.ACK.")) }
+	natsAck = contains([]byte("$JS.ACK."))
 	// AMQP 0-9-1: a method frame of basic.ack (class 60, method 80).
-	amqpAck = func(p []byte) bool { return bytes.Contains(p, []byte{0x00, 0x3c, 0x00, 0x50}) }
+	amqpAck = contains([]byte{0x00, 0x3c, 0x00, 0x50})
 	// RESP: go-redis writes command names in lower case.
-	redisAck = func(p []byte) bool { return bytes.Contains(bytes.ToLower(p), []byte("\r\nxack\r\n")) }
+	redisAck = contains([]byte("\r\n$4\r\nxack\r\n"))
 )
 
-// kafkaAck matches an OffsetCommit request (API key 8) at the start of a
-// Kafka request frame; the client writes whole requests, and the matcher
-// walks the frames of each chunk (size int32, then api_key int16).
-func kafkaAck(p []byte) bool {
-	for len(p) >= 6 {
-		size := int(binary.BigEndian.Uint32(p))
-		if binary.BigEndian.Uint16(p[4:]) == 8 {
-			return true
+// contains matches pattern anywhere in the connection's bytes, also across
+// two reads.
+func contains(pattern []byte) func() func([]byte) bool {
+	return func() func([]byte) bool {
+		var tail []byte
+		return func(p []byte) bool {
+			joined := append(tail, p...)
+			found := bytes.Contains(bytes.ToLower(joined), bytes.ToLower(pattern))
+			if keep := len(pattern) - 1; len(joined) > keep {
+				tail = append([]byte(nil), joined[len(joined)-keep:]...)
+			} else {
+				tail = joined
+			}
+			return found
 		}
-		if size <= 0 || 4+size > len(p) {
-			return false
-		}
-		p = p[4+size:]
 	}
-	return false
+}
+
+// kafkaAck matches an OffsetCommit request (API key 8): it follows the
+// client's request framing (size int32, then api_key int16) across reads.
+func kafkaAck() func([]byte) bool {
+	var pending []byte
+	return func(p []byte) bool {
+		pending = append(pending, p...)
+		for len(pending) >= 6 {
+			if binary.BigEndian.Uint16(pending[4:]) == 8 {
+				return true
+			}
+			size := int(binary.BigEndian.Uint32(pending))
+			if 4+size > len(pending) {
+				break
+			}
+			pending = pending[4+size:]
+		}
+		return false
+	}
 }
 
 // addrListener is a listener that reports another address: kfake

@@ -144,7 +144,7 @@ func acksLostOnAHalfOpenConnection(t *testing.T, bin string) {
 // batch and heartbeats written for longer than retention.AnchorSlack after
 // it, and stops the runtime with sig.
 // The dead connection is closed once the process is gone.
-func halfOpen(hole *blackhole, match func([]byte) bool, sig syscall.Signal) func(*testing.T, string, *config.Config, *database, func()) {
+func halfOpen(hole *blackhole, match func() func([]byte) bool, sig syscall.Signal) func(*testing.T, string, *config.Config, *database, func()) {
 	return func(t *testing.T, bin string, cfg *config.Config, db *database, publish func()) {
 		hole.halfOpenAt(match)
 		publish()
