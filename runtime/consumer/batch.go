@@ -77,11 +77,11 @@ func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	ackCtx, cancel := context.WithTimeout(work, ackTimeout)
 	defer cancel()
 	ackErr := c.src.Ack(ackCtx, lb.msgs)
-	c.progress.acked(token, ackErr == nil)
+	c.progress.acked(token, lb.msgs, ackErr)
 	if ackErr != nil {
 		// Committed effects are safe: the broker redelivers, the inbox dedupes.
 		c.metrics.AckErrors.Inc()
-		c.log.Error(ackErr, "Ack failed after commit; the broker will redeliver", "messages", len(lb.msgs))
+		c.log.Error(ackErr, "Ack failed after commit; the broker will redeliver, and the claims hold pruning back until the broker confirms them settled", "messages", len(lb.msgs))
 	}
 	c.record(len(lb.msgs), out, time.Since(lb.fetched))
 	return nil

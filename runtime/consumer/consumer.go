@@ -161,13 +161,18 @@ func (c *Consumer) Ready() bool { return c.Readiness() == nil }
 // they are left to the broker to redeliver); batches fetched but not started
 // stay unacknowledged.
 func (c *Consumer) Run(ctx context.Context) error {
+	c.progress.useSource(unwrap(c.src))
 	if !c.waitForDatabase(ctx) || !c.awaitInbox(ctx) || !c.registerProgress(ctx) {
 		return nil
 	}
 	go c.watchInbox(ctx)
 	go c.refreshStats(ctx)
 	go c.reportProgress(ctx)
+	if conf, ok := unwrap(c.src).(source.Confirmer); ok {
+		go c.confirmAcks(ctx, conf)
+	}
 	c.pipeline(ctx)
+	c.finishConfirming(ctx)
 	return nil
 }
 

@@ -75,7 +75,7 @@ func (s *Store) migrateTables(ctx context.Context, tx pgx.Tx, st inboxState) err
 		// the replicas already consuming. Only an optional table it now
 		// uses is created, the meta row given its owner and epoch columns
 		// (a table no claim touches), and the version recorded.
-		stmts := s.optionalDDL(st, false)
+		stmts := append(s.progressUpgradeDDL(), s.optionalDDL(st, false)...)
 		if !st.hasInbox {
 			// The inbox table is gone and a person accepted the loss
 			// (MigrateFor refuses it otherwise): every table is created
@@ -97,6 +97,7 @@ func (s *Store) migrateTables(ctx context.Context, tx pgx.Tx, st inboxState) err
 		return execAll(ctx, tx, append(stmts, s.metaDDL(), s.insertVersion()))
 	}
 	stmts := append(s.ddl(), s.upgradeDDL()...)
+	stmts = append(stmts, s.progressUpgradeDDL()...)
 	stmts = append(stmts, s.optionalDDL(st, true)...)
 	if err := execAll(ctx, tx, append(stmts, s.metaDDL(), s.metaUpgradeDDL())); err != nil {
 		return err
@@ -277,7 +278,8 @@ func (s *Store) ddl() []string {
 			positions      jsonb NOT NULL DEFAULT '{}',
 			stopped        boolean NOT NULL DEFAULT false,
 			stale_since    timestamptz,
-			settle_mark    jsonb
+			settle_mark    jsonb,
+			consumer       jsonb
 		)`,
 		// The window in force and a pending shrink, beside the data: the
 		// controller and the prune job adopt through one function, and a
@@ -317,6 +319,20 @@ func (s *Store) upgradeDDL() []string {
 			ADD COLUMN IF NOT EXISTS held_reason text,
 			ADD COLUMN IF NOT EXISTS held_since timestamptz`,
 	}
+}
+
+// progressUpgradeDDL adds <inbox>_progress.consumer (schema version 7): the
+// broker consumer the replica consumed from (ConsumerIdentity), which a
+// prune run needs before it may take a broker reading as evidence about a
+// gone replica's claims. It is nullable (rows of older runtimes have none)
+// and added only when missing, so an inbox that has it takes no lock.
+func (s *Store) progressUpgradeDDL() []string {
+	return []string{`DO $idc$ BEGIN
+		IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = ` + literal(s.progress) + `::regclass
+				AND attname = 'consumer' AND NOT attisdropped) THEN
+			ALTER TABLE ` + s.progress + ` ADD COLUMN consumer jsonb;
+		END IF;
+	END $idc$`}
 }
 
 // outboxDDL creates the transactional outbox (spec.emit, http delivery:

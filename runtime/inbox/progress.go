@@ -37,6 +37,41 @@ type ProgressRecord struct {
 	// (retention.Settlement.Position); nil until then.
 	StaleSince *time.Time
 	SettleMark map[string]int64
+	// Consumer is the broker consumer the replica consumed from; nil in a
+	// row written by a runtime older than schema version 7.
+	Consumer *ConsumerIdentity
+}
+
+// ConsumerIdentity names the broker consumer a replica consumed from, so a
+// prune run can tell whether the consumer it reads now is that one: a
+// settlement read from a consumer created after the replica's claims proves
+// nothing about them.
+type ConsumerIdentity struct {
+	// Kind is the source kind (config.Source.Kind()).
+	Kind string `json:"kind"`
+	// Name is the consumer: JetStream "<stream>/<durable>", Kafka the
+	// group, RabbitMQ "<vhost>/<queue>" (vhost as configured), Redis
+	// "<stream>/<group>".
+	Name string `json:"name"`
+	// Created is when the broker created the consumer, where it says
+	// (JetStream); nil where it does not.
+	Created *time.Time `json:"created,omitempty"`
+}
+
+// Same reports whether o names the same consumer as c (Created compared
+// only when both have it).
+func (c ConsumerIdentity) Same(o ConsumerIdentity) bool {
+	if c.Kind != o.Kind || c.Name != o.Name {
+		return false
+	}
+	return c.Created == nil || o.Created == nil || c.Created.Equal(*o.Created)
+}
+
+func (c ConsumerIdentity) String() string {
+	if c.Created == nil {
+		return c.Kind + " consumer " + c.Name
+	}
+	return c.Kind + " consumer " + c.Name + " created " + c.Created.UTC().Format(time.RFC3339Nano)
 }
 
 // Heartbeat is what a replica writes every few seconds. Ages are measured
@@ -51,6 +86,9 @@ type Heartbeat struct {
 	UnackedAge *time.Duration
 	Positions  map[string]int64
 	Stopped    bool
+	// Consumer is the broker consumer the replica consumes from (nil:
+	// not known yet, the column keeps what was written before).
+	Consumer *ConsumerIdentity
 }
 
 // WriteHeartbeat upserts the replica's progress row. Writing clears what a
@@ -60,13 +98,20 @@ func (s *Store) WriteHeartbeat(ctx context.Context, hb Heartbeat) error {
 	if err != nil {
 		return fmt.Errorf("while encoding progress positions: %w", err)
 	}
+	var consumer []byte
+	if hb.Consumer != nil {
+		if consumer, err = json.Marshal(hb.Consumer); err != nil {
+			return fmt.Errorf("while encoding the consumer identity: %w", err)
+		}
+	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO `+s.progress+` AS p
-		(replica, heartbeat_at, last_commit_at, unacked_since, positions, stopped)
-		VALUES ($1, now(), now() - $2::bigint * interval '1 microsecond', now() - $3::bigint * interval '1 microsecond', $4, $5)
+		(replica, heartbeat_at, last_commit_at, unacked_since, positions, stopped, consumer)
+		VALUES ($1, now(), now() - $2::bigint * interval '1 microsecond', now() - $3::bigint * interval '1 microsecond', $4, $5, $6)
 		ON CONFLICT (replica) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at,
 			last_commit_at = EXCLUDED.last_commit_at, unacked_since = EXCLUDED.unacked_since,
-			positions = EXCLUDED.positions, stopped = EXCLUDED.stopped, stale_since = NULL, settle_mark = NULL`,
-		hb.Replica, micros(hb.LastCommitAge), micros(hb.UnackedAge), positions, hb.Stopped)
+			positions = EXCLUDED.positions, stopped = EXCLUDED.stopped, stale_since = NULL, settle_mark = NULL,
+			consumer = COALESCE(EXCLUDED.consumer, p.consumer)`,
+		hb.Replica, micros(hb.LastCommitAge), micros(hb.UnackedAge), positions, hb.Stopped, consumer)
 	if err != nil {
 		return fmt.Errorf("while writing the progress of replica %s: %w", hb.Replica, err)
 	}
@@ -97,16 +142,22 @@ func (s *Store) Progress(ctx context.Context) (time.Time, []ProgressRecord, erro
 		return now, nil, fmt.Errorf("while reading the database clock: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, `SELECT replica, started_at, heartbeat_at, last_commit_at, unacked_since,
-		positions, stopped, stale_since, settle_mark FROM `+s.progress+` ORDER BY heartbeat_at, replica`)
+		positions, stopped, stale_since, settle_mark, consumer FROM `+s.progress+` ORDER BY heartbeat_at, replica`)
 	if err != nil {
 		return now, nil, fmt.Errorf("while reading the replicas' progress: %w", err)
 	}
 	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ProgressRecord, error) {
 		var r ProgressRecord
-		var positions, mark []byte
+		var positions, mark, consumer []byte
 		if err := row.Scan(&r.Replica, &r.StartedAt, &r.HeartbeatAt, &r.LastCommitAt, &r.UnackedSince,
-			&positions, &r.Stopped, &r.StaleSince, &mark); err != nil {
+			&positions, &r.Stopped, &r.StaleSince, &mark, &consumer); err != nil {
 			return r, err
+		}
+		if consumer != nil {
+			r.Consumer = &ConsumerIdentity{}
+			if err := json.Unmarshal(consumer, r.Consumer); err != nil {
+				return r, fmt.Errorf("consumer of replica %s: %w", r.Replica, err)
+			}
 		}
 		if err := json.Unmarshal(positions, &r.Positions); err != nil {
 			return r, fmt.Errorf("positions of replica %s: %w", r.Replica, err)

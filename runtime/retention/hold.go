@@ -35,6 +35,13 @@ const (
 // is released once the broker shows that everything delivered up to that
 // mark has settled, or that nothing is unsettled at all, so a replica that
 // never returns does not hold pruning for ever.
+//
+// The broker's reading is evidence only about the consumer it was read
+// from (see evidenceOf): one created after the replica's claims, or whose
+// delivery went back below what the replica claimed or the stamp, proves
+// nothing about them by what it has pending; it is stamped with the
+// broker's Ceiling instead, and only a floor past that releases the
+// replica.
 type Hold struct {
 	// WindowCutoff is now - window; Cutoff is the earliest anchor when that
 	// is earlier, else WindowCutoff.
@@ -47,10 +54,15 @@ type Hold struct {
 	Since time.Time
 	// Holders names the replicas whose anchors are before WindowCutoff.
 	Holders []string
-	// Stamp lists the stale replicas to mark with the broker's position;
-	// Retire the records that hold nothing any more.
+	// Stamp lists the stale replicas to mark, with Marks[replica] (the
+	// broker's Position, or its Ceiling when the reading is not of the
+	// replica's consumer); Retire the records that hold nothing any more.
 	Stamp  []inbox.ProgressRecord
+	Marks  map[string]map[string]int64
 	Retire []inbox.ProgressRecord
+	// Evidence says, per silent replica kept, why the broker's reading did
+	// not release it (when it says more than the Facts).
+	Evidence map[string]string
 }
 
 // Held reports whether the consumer's progress held the cutoff back.
@@ -73,7 +85,7 @@ func (h Hold) Bound(window time.Duration) inbox.Bound {
 // broker could not be read (settleErr), stale replicas keep their anchors:
 // nothing proves their claims settled.
 func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressRecord, st Settlement, settleErr error) Hold {
-	h := Hold{WindowCutoff: now.Add(-window)}
+	h := Hold{WindowCutoff: now.Add(-window), Marks: map[string]map[string]int64{}, Evidence: map[string]string{}}
 	h.Cutoff = h.WindowCutoff
 	var holder *inbox.ProgressRecord
 	var stale bool
@@ -87,12 +99,17 @@ func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressR
 			continue
 		}
 		if silent && settleErr == nil {
-			if st.Unsettled == 0 || (r.SettleMark != nil && st.Passed(r.SettleMark)) {
+			ev := evidenceOf(r, st)
+			if ev.settled {
 				h.Retire = append(h.Retire, r)
 				continue
 			}
-			if r.SettleMark == nil {
+			if ev.stamp != nil {
 				h.Stamp = append(h.Stamp, r)
+				h.Marks[r.Replica] = ev.stamp
+			}
+			if ev.why != "" {
+				h.Evidence[r.Replica] = ev.why
 			}
 		}
 		anchor := anchorOf(r)
@@ -107,6 +124,106 @@ func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressR
 		h.Since, h.Reason = holdReason(now, h, holder, stale, st, settleErr)
 	}
 	return h
+}
+
+// evidence is what a broker reading proves about a gone replica's claims.
+type evidence struct {
+	settled bool
+	// stamp is the mark to record (nil: none to record now).
+	stamp map[string]int64
+	// why says what keeps the replica held beyond the reading's facts.
+	why string
+}
+
+// evidenceOf applies the rules:
+//   - a reading the broker could not complete (Unknown) proves nothing;
+//   - the reading is of the replica's consumer only when it names the
+//     one recorded (kind, name, and the creation time where the broker
+//     keeps one), or, for a record without one, a consumer not created
+//     after the replica started; and when its delivery did not go back
+//     below what the replica claimed (Positions) or below the stamp;
+//   - of the replica's consumer, nothing unsettled settles it, and a
+//     stamp of its delivered Position is waited for;
+//   - of another consumer, only a Floor past a stamp of the broker's
+//     Ceiling (everything stored when the replica was found gone) does.
+func evidenceOf(r inbox.ProgressRecord, st Settlement) evidence {
+	if st.Unknown != "" {
+		return evidence{why: st.Unknown}
+	}
+	other := otherConsumer(r, st)
+	if r.SettleMark != nil {
+		if back := wentBack(st, r.SettleMark, "the mark stamped when the replica was found gone"); back != "" {
+			return evidence{why: back}
+		}
+		if st.Passed(r.SettleMark) && (other == "" || passedStrictly(st, r.SettleMark)) {
+			return evidence{settled: true}
+		}
+		return evidence{why: other}
+	}
+	if other == "" {
+		if st.Unsettled == 0 {
+			return evidence{settled: true}
+		}
+		if st.Consumer.Created == nil && st.Ceiling != nil && !reported(r, st) {
+			// Nothing ties this reading to the replica's claims: no
+			// creation time, and the replica died before a heartbeat
+			// said how far it claimed. A re-created consumer's position
+			// could be below them, so the stamp is the Ceiling.
+			return evidence{stamp: st.Ceiling}
+		}
+		return evidence{stamp: st.Position}
+	}
+	ceiling := st.Ceiling
+	if ceiling == nil {
+		ceiling = st.Position
+	}
+	return evidence{stamp: ceiling, why: other}
+}
+
+// otherConsumer says why st is not a reading of the consumer r consumed
+// from; empty when it is.
+func otherConsumer(r inbox.ProgressRecord, st Settlement) string {
+	cur := st.Consumer
+	switch {
+	case cur.Kind == "":
+		// A reading that does not name its consumer (tests of old).
+	case r.Consumer != nil && !r.Consumer.Same(cur):
+		return fmt.Sprintf("the broker's reading is of %s, not of the %s the replica consumed from: a consumer re-created after its claims proves nothing about them by what it has pending; held until its floor passes everything stored when the replica was found gone", cur, r.Consumer)
+	case r.Consumer == nil && cur.Created != nil && cur.Created.After(r.StartedAt):
+		return fmt.Sprintf("the broker's %s was created after replica %s started (%s): it proves nothing about that replica's claims by what it has pending; held until its floor passes everything stored when the replica was found gone",
+			cur, r.Replica, r.StartedAt.UTC().Format(time.RFC3339Nano))
+	}
+	return wentBack(st, r.Positions, "what the replica claimed")
+}
+
+// reported: r's positions cover a monotonic key of st.
+func reported(r inbox.ProgressRecord, st Settlement) bool {
+	for _, k := range st.Monotonic {
+		if _, ok := r.Positions[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// wentBack says which monotonic key of st's Position is below ref's.
+func wentBack(st Settlement, ref map[string]int64, what string) string {
+	for _, k := range st.Monotonic {
+		want, ok := ref[k]
+		if !ok {
+			continue
+		}
+		if got, has := st.Position[k]; has && got < want {
+			return fmt.Sprintf("the broker's %s is at %d, below %d, %s: the consumer was re-created or reset (counters or delivery went back), so nothing is proven settled", k, got, want, what)
+		}
+	}
+	return ""
+}
+
+// passedStrictly is Passed without its "nothing unsettled" shortcut: a
+// consumer that is not the replica's proves only by its floor.
+func passedStrictly(st Settlement, mark map[string]int64) bool {
+	return Settlement{Unsettled: 1, Floor: st.Floor}.Passed(mark)
 }
 
 // anchorOf is the earliest time a claim of r may have begun without having
@@ -144,6 +261,9 @@ func holdReason(now time.Time, h Hold, r *inbox.ProgressRecord, stale bool, st S
 		fmt.Fprintf(&b, "; the broker could not be read to prove those claims settled (%v)", settleErr)
 	case st.Facts != "":
 		fmt.Fprintf(&b, "; the broker may still redeliver them (%s)", st.Facts)
+	}
+	if why := h.Evidence[r.Replica]; why != "" && stale {
+		fmt.Fprintf(&b, "; %s", why)
 	}
 	fmt.Fprintf(&b, "; ids claimed since %s are kept (the window alone would delete up to %s, %s later)",
 		h.Cutoff.UTC().Format(time.RFC3339), h.WindowCutoff.UTC().Format(time.RFC3339), FormatDuration(h.HeldFor().Truncate(time.Second)))

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // Settlement is what the broker could still hand back to the consumer, read live.
@@ -16,6 +17,22 @@ type Settlement struct {
 	Floor map[string]int64
 	// Facts describes the reading in one line for logs and status, e.g. "JetStream consumer c on stream S: ack floor 0, delivered 200, ack pending 200". Never credentials.
 	Facts string
+	// Consumer is the consumer read (IdentityOf; JetStream with its
+	// creation time). A gone replica's record is retired on this reading
+	// only when it names the consumer the replica consumed from.
+	Consumer inbox.ConsumerIdentity
+	// Ceiling says, per key of Position, how far the broker has stored
+	// messages: a consumer other than the replica's may still hand out
+	// anything up to it (JetStream: the stream's last sequence). Nil means
+	// Position.
+	Ceiling map[string]int64
+	// Monotonic lists the keys whose Position never goes back for one
+	// consumer (a delivered sequence, a last-delivered-id, an end offset,
+	// an acknowledgement count): one that did was reset or re-created.
+	Monotonic []string
+	// Unknown, when set, says why this reading proves nothing (a counter
+	// the broker did not report).
+	Unknown string
 }
 
 // Passed reports whether everything up to mark has settled: nothing is unsettled, or Floor[k] >= mark[k] for every key of mark (a key missing from Floor has not passed).
@@ -49,5 +66,9 @@ func (s Settlement) Passed(mark map[string]int64) bool {
 // A prune job stamps Position when a replica crashes and waits until
 // Passed(stamp): then nothing that replica was handed can come back.
 func Settle(ctx context.Context, cfg *config.Config, getenv Getenv) (Settlement, error) {
-	return readOne(ctx, cfg, getenv, settleError(cfg), session.settle)
+	st, err := readOne(ctx, cfg, getenv, settleError(cfg), session.settle)
+	if err == nil {
+		st.Consumer = IdentityOf(cfg.Source, st.Consumer.Created)
+	}
+	return st, err
 }

@@ -45,6 +45,8 @@ func kafkaOffsetsError(what string, err error) error {
 // Position is the end offset, Floor max(committed, start), Unsettled
 // Σ max(0, end − floor). Facts holds only the per-partition part.
 func kafkaSettlement(ends, starts kadm.ListedOffsets, committed kadm.OffsetResponses) Settlement {
+	// End offsets only grow while the topic exists: one that went back is
+	// a re-created topic.
 	s := Settlement{Position: map[string]int64{}, Floor: map[string]int64{}}
 	type part struct {
 		topic     string
@@ -63,6 +65,7 @@ func kafkaSettlement(ends, starts kadm.ListedOffsets, committed kadm.OffsetRespo
 		key := end.Topic + "/" + strconv.Itoa(int(end.Partition))
 		s.Position[key] = end.Offset
 		s.Floor[key] = floor
+		s.Monotonic = append(s.Monotonic, key)
 		if end.Offset > floor {
 			s.Unsettled += end.Offset - floor
 		}

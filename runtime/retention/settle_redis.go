@@ -36,7 +36,35 @@ func (r *redisSession) settle(ctx context.Context) (Settlement, error) {
 	case err != nil:
 		return Settlement{}, fmt.Errorf("while reading the pending entries of group %s of Redis stream %s with XPENDING: %w", r.cfg.Group, r.cfg.Stream, err)
 	}
-	return redisSettlement(r.cfg.Stream, r.cfg.Group, last, pel)
+	st, err := redisSettlement(r.cfg.Stream, r.cfg.Group, last, pel)
+	if err != nil {
+		return st, err
+	}
+	// The Ceiling: a group other than the replica's (re-created, or set
+	// back) may hand out every entry up to the stream's last.
+	info, err := r.rdb.XInfoStream(ctx, r.cfg.Stream).Result()
+	if err != nil {
+		return Settlement{}, fmt.Errorf("while reading Redis stream %s with XINFO STREAM: %w", r.cfg.Stream, err)
+	}
+	ceiling, err := redisIDCeil(info.LastGeneratedID)
+	if err != nil {
+		return Settlement{}, fmt.Errorf("last-generated-id of Redis stream %s: %w", r.cfg.Stream, err)
+	}
+	st.Ceiling = map[string]int64{"stream": max(ceiling, st.Position["stream"])}
+	// A Redis group records no creation time: one re-created (or set back)
+	// reads like the replica's with nothing pending. So entries not
+	// delivered yet count as Unsettled too (the group's lag, or at least
+	// one while it trails the stream): "nothing unsettled" then means the
+	// group is through the whole stream.
+	switch {
+	case g.Lag > 0:
+		st.Unsettled += g.Lag
+		st.Facts += fmt.Sprintf(", %d not delivered yet", g.Lag)
+	case g.Lag < 0 && st.Position["stream"] < ceiling:
+		st.Unsettled++
+		st.Facts += ", entries not delivered yet (lag unknown)"
+	}
+	return st, nil
 }
 
 func redisSettlement(stream, group, last string, pel *redis.XPending) (Settlement, error) {
@@ -61,6 +89,9 @@ func redisSettlement(stream, group, last string, pel *redis.XPending) (Settlemen
 		Unsettled: pel.Count,
 		Position:  map[string]int64{"stream": position},
 		Floor:     map[string]int64{"stream": floor},
+		// A group's last-delivered-id only goes back when it is
+		// re-created or set back (XGROUP SETID).
+		Monotonic: []string{"stream"},
 		Facts:     facts,
 	}, nil
 }

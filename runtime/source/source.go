@@ -55,3 +55,31 @@ type Source interface {
 	// the broker later.
 	Close() error
 }
+
+// Confirmer is implemented by a Source whose Ack returning nil does not by
+// itself prove that the broker has the acknowledgements: JetStream and
+// RabbitMQ acks are written to the connection without a reply, and Kafka
+// commits an offset only once every record before it was acknowledged. A
+// claim counts as settled in the replica's progress record only once
+// ConfirmAcks said so for its batch.
+type Confirmer interface {
+	// ConfirmAcks is called off the hot path (every few hundred
+	// milliseconds, and once when the loop stops) with the batches whose
+	// Ack returned, successfully or not, and that are not confirmed yet,
+	// oldest first. It returns, per batch, whether the broker has now
+	// confirmed the acknowledgement of every message of it: a round trip
+	// on the same connection after the acks (JetStream, RabbitMQ) or a
+	// committed offset past them (Kafka). An adapter may send an
+	// acknowledgement again to get that proof (acknowledging twice is
+	// harmless). err says why some could not be confirmed; the batches are
+	// offered again the next time.
+	ConfirmAcks(ctx context.Context, batches [][]Message) ([]bool, error)
+}
+
+// CreationTimer is implemented by a Source whose broker records when the
+// consumer it reads was created (JetStream). The replica's progress record
+// keeps it, so a prune run can tell a re-created consumer (whose readings
+// prove nothing about this replica's claims) from the one it consumed.
+type CreationTimer interface {
+	ConsumerCreated() time.Time
+}

@@ -32,6 +32,8 @@ func TestBinary(t *testing.T) {
 	t.Run("PipelineChaos", func(t *testing.T) { pipelineChaos(t, bin) })
 	t.Run("HTTPOutbox", func(t *testing.T) { httpOutbox(t, bin) })
 	t.Run("OutageLongerThanTheWindow", func(t *testing.T) { outageLongerThanTheWindow(t, bin) })
+	t.Run("ConsumerRecreatedDuringTheOutage", func(t *testing.T) { consumerRecreatedDuringTheOutage(t, bin) })
+	t.Run("AcksLostOnAHalfOpenConnection", func(t *testing.T) { acksLostOnAHalfOpenConnection(t, bin) })
 	t.Run("LeastPrivilegeRole", func(t *testing.T) { leastPrivilege(t, bin) })
 	t.Run("InboxLostHolds", func(t *testing.T) { inboxLost(t, bin) })
 }

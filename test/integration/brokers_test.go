@@ -57,6 +57,7 @@ type jetStreamBroker struct {
 	stream   string
 	subject  string
 	consumer string
+	ackWait  time.Duration
 }
 
 // newJetStream creates a stream and its durable pull consumer with the
@@ -73,7 +74,7 @@ func newJetStream(t *testing.T, ackWait time.Duration) *jetStreamBroker {
 		t.Fatal(err)
 	}
 	id := time.Now().UnixNano()
-	b := &jetStreamBroker{js: js, stream: fmt.Sprintf("IDC_IT_%d", id), subject: fmt.Sprintf("idc.it.%d", id), consumer: "projector"}
+	b := &jetStreamBroker{js: js, stream: fmt.Sprintf("IDC_IT_%d", id), subject: fmt.Sprintf("idc.it.%d", id), consumer: "projector", ackWait: ackWait}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: b.stream, Subjects: []string{b.subject + ".>"}}); err != nil {

@@ -75,6 +75,10 @@ func (w *watchedSource) Fetch(ctx context.Context, maxN int, maxWait time.Durati
 	return w.Source.Fetch(ctx, maxN, maxWait)
 }
 
+// Unwrap is the adapter, for the optional interfaces the consumer asks it
+// for (source.Confirmer, source.CreationTimer).
+func (w *watchedSource) Unwrap() source.Source { return w.Source }
+
 func (w *watchedSource) Ack(ctx context.Context, msgs []source.Message) error {
 	defer w.state.touch()
 	return w.Source.Ack(ctx, msgs)

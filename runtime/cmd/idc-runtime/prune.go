@@ -224,7 +224,7 @@ func holdByProgress(ctx context.Context, cfg *config.Config, store *inbox.Store,
 	}
 	hold := retention.BoundByProgress(now, window, recs, st, stErr)
 	for _, r := range hold.Stamp {
-		if err := store.MarkStale(ctx, r, st.Position); err != nil && !inbox.IsProgressMoved(err) {
+		if err := store.MarkStale(ctx, r, hold.Marks[r.Replica]); err != nil && !inbox.IsProgressMoved(err) {
 			return hold, cost, err
 		}
 		log.Info("Replica stopped heartbeating with claims the broker may redeliver; holding pruning back until the broker settles them",

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idempotency-dev/idc-operator/runtime/brokerconn"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -65,7 +67,10 @@ type topicPartition struct {
 	partition int32
 }
 
-var _ source.Source = (*Source)(nil)
+var (
+	_ source.Source    = (*Source)(nil)
+	_ source.Confirmer = (*Source)(nil)
+)
 
 // Option customises New.
 type Option func(*options)
@@ -256,7 +261,7 @@ func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
 	if err != nil || len(recs) == 0 {
 		return err
 	}
-	if err := s.cl.CommitRecords(ctx, recs...); err != nil {
+	if err := s.commit(ctx, recs); err != nil {
 		return fmt.Errorf("while committing Kafka offsets: %w", err)
 	}
 	s.mu.Lock()
@@ -268,6 +273,49 @@ func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
 		}
 	}
 	return nil
+}
+
+// commit commits the offset after each of recs and returns nil only when
+// the broker answered the commit for every one of their partitions without
+// an error: franz-go's CommitRecords also returns nil for partitions the
+// response leaves out, and for a commit it had nothing to send.
+func (s *Source) commit(ctx context.Context, recs []*kgo.Record) error {
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	for _, r := range recs {
+		if offsets[r.Topic] == nil {
+			offsets[r.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		eo := kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+		if at, ok := offsets[r.Topic][r.Partition]; !ok || at.Less(eo) {
+			offsets[r.Topic][r.Partition] = eo
+		}
+	}
+	var rerr error
+	s.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			rerr = err
+			return
+		}
+		answered := map[topicPartition]bool{}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					rerr = fmt.Errorf("partition %s/%d: %w", t.Topic, p.Partition, err)
+					return
+				}
+				answered[topicPartition{t.Topic, p.Partition}] = true
+			}
+		}
+		for t, ps := range offsets {
+			for p := range ps {
+				if !answered[topicPartition{t, p}] {
+					rerr = fmt.Errorf("the broker did not answer the commit of partition %s/%d", t, p)
+					return
+				}
+			}
+		}
+	})
+	return rerr
 }
 
 // acknowledge marks msgs acknowledged and returns, per partition whose
@@ -329,6 +377,28 @@ func (s *Source) allowRebalanceIfIdle() {
 	if idle {
 		s.cl.AllowRebalance()
 	}
+}
+
+// ConfirmAcks confirms a batch once the offsets this client committed (each
+// CommitRecords that returned nil: the broker answered the commit) are past
+// every record of it. An Ack that returned nil commits nothing when an
+// older record of the partition is still outstanding, and a failed commit
+// is covered by a later one; neither counts before that. No round trip.
+func (s *Source) ConfirmAcks(_ context.Context, batches [][]source.Message) ([]bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := make([]bool, len(batches))
+	for i, b := range batches {
+		ok[i] = true
+		for _, m := range b {
+			r, isKafka := m.Ref.(*kgo.Record)
+			if !isKafka || r.Offset >= s.committed[topicPartition{r.Topic, r.Partition}] {
+				ok[i] = false // not yet: no error, a later commit covers it
+				break
+			}
+		}
+	}
+	return ok, nil
 }
 
 // Close leaves the group without committing: records fetched but not

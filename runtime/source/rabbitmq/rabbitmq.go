@@ -73,6 +73,10 @@ type session struct {
 	deferred map[uint64]time.Time
 	// done stops the pump when the session is dropped.
 	done chan struct{}
+	// rpc serializes the synchronous methods on ch (the backlog's passive
+	// queue.declare, ConfirmAcks' basic.qos): amqp091 hands a reply to
+	// whichever caller waits first.
+	rpc sync.Mutex
 }
 
 // close stops the pump and closes the connection (and so the channel).
@@ -87,7 +91,10 @@ type ref struct {
 	tag uint64
 }
 
-var _ source.Source = (*Source)(nil)
+var (
+	_ source.Source    = (*Source)(nil)
+	_ source.Confirmer = (*Source)(nil)
+)
 
 // Option customises New.
 type Option func(*options)
@@ -361,7 +368,9 @@ func (s *Source) backlog(ctx context.Context, sess *session, wait time.Duration)
 	ready := make(chan int, 1)
 	go func() {
 		defer s.asking.Store(false)
+		sess.rpc.Lock()
 		q, err := sess.ch.QueueDeclarePassive(s.queue, true, false, false, false, nil)
+		sess.rpc.Unlock()
 		if err != nil {
 			s.log.V(1).Info("could not read the queue's ready count; taking what has arrived", "error", err.Error())
 			ready <- 0
@@ -545,11 +554,11 @@ func (s *Source) Close() error {
 	if sess == nil {
 		return nil
 	}
-	if flushErr != nil {
-		s.log.Error(flushErr, "Sending the deferred acknowledgements failed; the broker redelivers them")
-	}
 	if err := sess.close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
-		return fmt.Errorf("while closing the RabbitMQ connection: %w", err)
+		return errors.Join(flushErr, fmt.Errorf("while closing the RabbitMQ connection: %w", err))
+	}
+	if flushErr != nil {
+		return fmt.Errorf("sending the deferred acknowledgements failed; the broker redelivers them: %w", flushErr)
 	}
 	return nil
 }

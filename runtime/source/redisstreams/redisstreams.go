@@ -4,6 +4,7 @@
 package redisstreams
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -291,7 +292,13 @@ func (s *Source) attempts(ctx context.Context, entries []redis.XMessage) map[str
 	return out
 }
 
-// Ack acknowledges the entries with one XACK.
+// Ack acknowledges the entries with one XACK, whose reply counts the
+// entries it removed from the group's pending entries list: that reply is
+// the broker's confirmation. Fewer than sent means the others were not
+// pending. That is settled only when the group has delivered past them
+// (they were acknowledged before: an earlier XACK whose reply was lost, or
+// a consumer that claimed them); a group re-created or set back below them
+// delivers them again, so the batch is not settled and Ack says so.
 func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
 	ids := make([]string, 0, len(msgs))
 	for _, m := range msgs {
@@ -304,7 +311,65 @@ func (s *Source) Ack(ctx context.Context, msgs []source.Message) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	return s.xack(ctx, ids)
+	n, err := s.rdb.XAck(ctx, s.stream, s.group, ids...).Result()
+	if err != nil {
+		return fmt.Errorf("while acknowledging %d entries with XACK: %w", len(ids), err)
+	}
+	if int(n) == len(ids) {
+		return nil
+	}
+	return s.acknowledgedBefore(ctx, ids, n)
+}
+
+// acknowledgedBefore checks, after XACK removed only n of ids, that the
+// group's last-delivered-id is at or past every one of them.
+func (s *Source) acknowledgedBefore(ctx context.Context, ids []string, n int64) error {
+	groups, err := s.rdb.XInfoGroups(ctx, s.stream).Result()
+	if err != nil {
+		return fmt.Errorf("XACK acknowledged %d of %d entries, and reading the group's last-delivered-id failed: %w", n, len(ids), err)
+	}
+	for _, g := range groups {
+		if g.Name != s.group {
+			continue
+		}
+		for _, id := range ids {
+			if compareIDs(id, g.LastDeliveredID) > 0 {
+				return fmt.Errorf("XACK acknowledged %d of %d entries; entry %s is above the group's last-delivered-id %s, so the group (re-created or set back) delivers it again", n, len(ids), id, g.LastDeliveredID)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("XACK acknowledged %d of %d entries and group %s is gone from stream %s", n, len(ids), s.group, s.stream)
+}
+
+// compareIDs orders two entry IDs "ms-seq" (an unparsable one sorts last,
+// so it never counts as delivered).
+func compareIDs(a, b string) int {
+	am, as, aok := splitID(a)
+	bm, bs, bok := splitID(b)
+	switch {
+	case !aok:
+		return 1
+	case !bok:
+		return -1
+	case am != bm:
+		return cmp.Compare(am, bm)
+	}
+	return cmp.Compare(as, bs)
+}
+
+func splitID(id string) (ms, seq uint64, ok bool) {
+	m, q, _ := strings.Cut(id, "-")
+	ms, err := strconv.ParseUint(m, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	if q != "" {
+		if seq, err = strconv.ParseUint(q, 10, 64); err != nil {
+			return 0, 0, false
+		}
+	}
+	return ms, seq, true
 }
 
 func (s *Source) xack(ctx context.Context, ids []string) error {
