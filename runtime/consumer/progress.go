@@ -37,7 +37,10 @@ type progress struct {
 	// confirms: Ack returning nil proves nothing by itself (the source is a
 	// source.Confirmer).
 	confirms bool
-	consumer inbox.ConsumerIdentity
+	// confirmRef, when the source has one, is what is kept of a message's
+	// Ref while its ack awaits confirmation.
+	confirmRef source.ConfirmRefer
+	consumer   inbox.ConsumerIdentity
 
 	mu         sync.Mutex
 	next       uint64
@@ -93,6 +96,7 @@ func (p *progress) useSource(src source.Source) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, p.confirms = src.(source.Confirmer)
+	p.confirmRef, _ = src.(source.ConfirmRefer)
 	if ct, ok := src.(source.CreationTimer); ok {
 		if t := ct.ConsumerCreated(); !t.IsZero() {
 			p.consumer.Created = &t
@@ -156,7 +160,11 @@ func (p *progress) acked(token uint64, msgs []source.Message, err error) {
 	// Only what confirming needs: the bodies are not kept.
 	b.msgs = make([]source.Message, len(msgs))
 	for i := range msgs {
-		b.msgs[i] = source.Message{NativeID: msgs[i].NativeID, Ref: msgs[i].Ref}
+		ref := msgs[i].Ref
+		if p.confirmRef != nil {
+			ref = p.confirmRef.ConfirmRef(msgs[i])
+		}
+		b.msgs[i] = source.Message{NativeID: msgs[i].NativeID, Ref: ref}
 	}
 	if b.failed {
 		b.left = len(msgs)

@@ -76,6 +76,15 @@ type Confirmer interface {
 	ConfirmAcks(ctx context.Context, batches [][]Message) ([]bool, error)
 }
 
+// ConfirmRefer is implemented by a Confirmer whose Message.Ref holds the
+// whole record (JetStream's message, Kafka's record, body included): what
+// ConfirmAcks needs of it, which the consumer keeps instead of Ref while the
+// acknowledgement awaits confirmation, so the bodies are not kept alive for
+// it. ConfirmAcks takes either.
+type ConfirmRefer interface {
+	ConfirmRef(m Message) any
+}
+
 // CreationTimer is implemented by a Source whose broker records when the
 // consumer it reads was created (JetStream). The replica's progress record
 // keeps it, so a prune run can tell a re-created consumer (whose readings

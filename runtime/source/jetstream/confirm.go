@@ -34,11 +34,11 @@ func (s *Source) ConfirmAcks(ctx context.Context, batches [][]source.Message) ([
 		resent := 0
 		for _, b := range batches {
 			for _, m := range b {
-				jm, isJS := m.Ref.(jetstream.Msg)
-				if !isJS || jm.Reply() == "" {
+				reply := ackSubject(m)
+				if reply == "" {
 					continue
 				}
-				if err := s.nc.Publish(jm.Reply(), ackPayload); err != nil {
+				if err := s.nc.Publish(reply, ackPayload); err != nil {
 					return ok, fmt.Errorf("while acknowledging %s again on the new connection: %w", m.NativeID, err)
 				}
 				resent++
@@ -64,6 +64,27 @@ func (s *Source) ConfirmAcks(ctx context.Context, batches [][]source.Message) ([
 		ok[i] = true
 	}
 	return ok, nil
+}
+
+// ackReply is what is kept of a message while its ack awaits confirmation
+// (ConfirmRef): the subject its ack is published to.
+type ackReply string
+
+// ConfirmRef keeps the ack subject alone, not the message and its data.
+func (s *Source) ConfirmRef(m source.Message) any {
+	return ackReply(ackSubject(m))
+}
+
+// ackSubject is the subject a message's ack goes to, from its Ref (the
+// message, or what ConfirmRef kept of it).
+func ackSubject(m source.Message) string {
+	switch r := m.Ref.(type) {
+	case ackReply:
+		return string(r)
+	case jetstream.Msg:
+		return r.Reply()
+	}
+	return ""
 }
 
 // ConsumerCreated is when the server created the durable consumer.

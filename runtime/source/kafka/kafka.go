@@ -391,14 +391,39 @@ func (s *Source) ConfirmAcks(_ context.Context, batches [][]source.Message) ([]b
 	for i, b := range batches {
 		ok[i] = true
 		for _, m := range b {
-			r, isKafka := m.Ref.(*kgo.Record)
-			if !isKafka || r.Offset >= s.committed[topicPartition{r.Topic, r.Partition}] {
+			at, isKafka := positionOf(m)
+			if !isKafka || at.offset >= s.committed[at.topicPartition] {
 				ok[i] = false // not yet: no error, a later commit covers it
 				break
 			}
 		}
 	}
 	return ok, nil
+}
+
+// recordAt is what is kept of a record while its offset awaits a
+// committed one past it (ConfirmRef): where it is, not its value.
+type recordAt struct {
+	topicPartition
+	offset int64
+}
+
+// ConfirmRef keeps the record's position alone.
+func (s *Source) ConfirmRef(m source.Message) any {
+	at, _ := positionOf(m)
+	return at
+}
+
+// positionOf is where a message's record is, from its Ref (the record, or
+// what ConfirmRef kept of it).
+func positionOf(m source.Message) (recordAt, bool) {
+	switch r := m.Ref.(type) {
+	case recordAt:
+		return r, r.topic != ""
+	case *kgo.Record:
+		return recordAt{topicPartition{r.Topic, r.Partition}, r.Offset}, true
+	}
+	return recordAt{}, false
 }
 
 // Close leaves the group without committing: records fetched but not
