@@ -51,7 +51,7 @@ help: ## Show this help.
 .PHONY: manifests
 manifests: controller-gen crd-ref-docs ## Generate the CRD and RBAC manifests from the Go markers, and docs/reference/api.md.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/..." paths="./controllers/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
-	$(CRD_REF_DOCS) --log-level=WARN --source-path=./api --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/reference/api.md
+	$(CRD_REF_DOCS) --log-level=WARN --max-depth=16 --source-path=./api --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/reference/api.md
 	sed -i 's/^  newTag: .*/  newTag: $(VERSION)/' config/manager/kustomization.yaml
 	@# The Helm chart's CRD, RBAC rules, alerts and dashboard are copies of the
 	@# files under config/ (test/helmchart fails when they drift); it follows VERSION.
