@@ -168,7 +168,7 @@ func TestJetStreamStoredMessagesAreOutstanding(t *testing.T) {
 				s.Floor["stream"], s.Unsettled, tc.wantFloor, tc.wantUnsettled, s.Facts)
 		}
 		if s.Passed(map[string]int64{"stream": 300}) != (tc.wantFloor >= 300) {
-			t.Errorf("%s: Passed(300) = %v", retentionName(tc.policy), !(tc.wantFloor >= 300))
+			t.Errorf("%s: Passed(300) = %v", retentionName(tc.policy), tc.wantFloor < 300)
 		}
 	}
 }

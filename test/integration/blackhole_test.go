@@ -51,10 +51,6 @@ func newBlackhole(t *testing.T, target string) *blackhole {
 
 func (b *blackhole) addr() string { return b.ln.Addr().String() }
 
-// dropFromClient swallows what the runtime sends from now on (acks, pull
-// requests, PINGs); the broker's deliveries still arrive.
-func (b *blackhole) dropFromClient() { b.up.Store(true) }
-
 // halfOpenAt turns the proxy half-open (both ways) at the first chunk the
 // runtime sends that match reports: the first acknowledgement, so every
 // acknowledgement is lost while the deliveries before it arrived.
