@@ -53,7 +53,12 @@ func (c *Consumer) awaitInbox(ctx context.Context) bool {
 
 // watchInbox re-checks the inbox every inboxCheckInterval until ctx ends.
 func (c *Consumer) watchInbox(ctx context.Context) {
-	t := time.NewTicker(inboxCheckInterval)
+	every(ctx, inboxCheckInterval, func() { c.checkInbox(ctx) })
+}
+
+// every runs fn each period until ctx ends (the first run one period in).
+func every(ctx context.Context, period time.Duration, fn func()) {
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
@@ -61,7 +66,7 @@ func (c *Consumer) watchInbox(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		c.checkInbox(ctx)
+		fn()
 	}
 }
 

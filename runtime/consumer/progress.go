@@ -380,18 +380,11 @@ func unwrap(src source.Source) source.Source {
 // reportProgress writes the progress record every retention.ProgressInterval
 // until ctx ends.
 func (c *Consumer) reportProgress(ctx context.Context) {
-	t := time.NewTicker(retention.ProgressInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, retention.ProgressInterval, func() {
 		if err := c.store.WriteHeartbeat(ctx, c.progress.heartbeat(false)); err != nil && ctx.Err() == nil {
 			c.log.Error(err, "Could not record this replica's progress; pruning holds back from its last record")
 		}
-	}
+	})
 }
 
 // FinishProgress writes the last progress record after the loop and the
