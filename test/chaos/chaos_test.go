@@ -77,8 +77,8 @@ func TestChaos(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("%s form, seed %d: %d messages, 3 replicas each of an append and an upsert consumer", sz.name, seed, sz.messages)
 	w := newWorkload(sz.messages, sz.versions, dupShare, newRand(seed))
-	pub := newPublisher(s, w)
-	d := newDriver(sz, f, reps, newConnectionCutter(t, db.name), s, pub.done, seed)
+	pub := newPublisher(s, w, sz.messages/10)
+	d := newDriver(sz, f, reps, newConnectionCutter(t, db.name), s, pub, seed)
 
 	ctx, cancel := context.WithTimeout(context.Background(), sz.deadline)
 	defer cancel()

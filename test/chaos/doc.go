@@ -7,7 +7,11 @@
 // original, half later), and the versions of each entity key are shuffled.
 // No message carries a Nats-Msg-Id header, so JetStream's duplicate window
 // never swallows a copy; the dedup id is the payload's $.eventId (the run
-// checks that the stream stored every publication).
+// checks that the stream stored every publication). The last tenth is held
+// back after the timed bursts and released a chunk at a time while a
+// failpoint kill is owed, once a replica armed with it is up: the runtime
+// drains a burst faster than a killed replica restarts, so without work
+// held for it an armed replica would never reach a commit.
 //
 // Two durable consumers read the stream, three replicas each, every replica
 // the real idc-runtime binary (`run --config FILE`):

@@ -38,16 +38,16 @@ type driver struct {
 	rng       *rand.Rand
 	cutter    *connectionCutter
 	stream    *stream
-	pubDone   <-chan struct{}
+	pub       *publisher
 	st        chaosStats
 	arming    bool // restarts may arm the failpoint (the chaos phase)
 	restartCh chan *replica
 	pending   int // restarts scheduled and not yet done
 }
 
-func newDriver(sz size, f *fleet, reps []*replica, cutter *connectionCutter, s *stream, pubDone <-chan struct{}, seed uint64) *driver {
+func newDriver(sz size, f *fleet, reps []*replica, cutter *connectionCutter, s *stream, pub *publisher, seed uint64) *driver {
 	return &driver{sz: sz, fleet: f, reps: reps, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		cutter: cutter, stream: s, pubDone: pubDone, restartCh: make(chan *replica, 2*len(reps))}
+		cutter: cutter, stream: s, pub: pub, restartCh: make(chan *replica, 2*len(reps))}
 }
 
 func (d *driver) startAll() error {
@@ -92,6 +92,13 @@ const pollEvery = 100 * time.Millisecond
 // faults only runs down while a consumer has undelivered messages, so the
 // faults land while replicas are mid-batch, not in an idle wait; once
 // everything is published and drained, faults still owed land anyway.
+//
+// The publisher holds back a reserve after its timed bursts. While
+// failpoint kills are owed and nothing is undelivered, the driver releases
+// one chunk of it once an armed replica has been up long enough to be
+// pulling (a failpoint fires only on a commit, so it needs work), or kills
+// an unarmed replica so that its restart is armed. With the failpoints
+// done, the rest goes out at once.
 func (d *driver) chaos(ctx context.Context) error {
 	d.arming = true
 	defer func() { d.arming = false }()
@@ -109,7 +116,7 @@ func (d *driver) chaos(ctx context.Context) error {
 			d.st.busyFor += pollEvery
 		}
 		if len(busy) == 0 && !published {
-			return false, nil // between bursts: wait for work
+			return false, d.between(ctx)
 		}
 		if owed -= pollEvery; owed > 0 {
 			return false, nil
@@ -119,9 +126,56 @@ func (d *driver) chaos(ctx context.Context) error {
 	})
 }
 
+// between runs while nothing is undelivered and the publisher is not done:
+// between two timed bursts it waits; once the reserve is held, it releases
+// it as chaos describes.
+func (d *driver) between(ctx context.Context) error {
+	select {
+	case <-d.pub.held:
+	default:
+		return nil // between bursts: wait for work
+	}
+	if d.st.failpointKills >= d.sz.minFailpoint {
+		return d.releaseReserve(ctx, true)
+	}
+	if d.armedWorking() {
+		return d.releaseReserve(ctx, false)
+	}
+	if d.pending > 0 || d.armedLive() > 0 {
+		return nil // an armed restart is on its way up
+	}
+	if victim := d.victim(nil); victim != nil {
+		victim.killed.Store(true)
+		_ = victim.cmd.Process.Kill() // counted in onExit; the restart is armed
+	}
+	return nil
+}
+
+// releaseReserve hands the publisher one chunk of the reserve, or all of it.
+func (d *driver) releaseReserve(ctx context.Context, all bool) error {
+	select {
+	case d.pub.release <- all:
+		return nil
+	case <-d.pub.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// armedWorking: an armed replica has been up long enough to be pulling.
+func (d *driver) armedWorking() bool {
+	for _, r := range d.reps {
+		if p := r.cur; p != nil && p.armed && !p.killed.Load() && time.Since(p.started) > time.Second {
+			return true
+		}
+	}
+	return false
+}
+
 func (d *driver) published() bool {
 	select {
-	case <-d.pubDone:
+	case <-d.pub.done:
 		return true
 	default:
 		return false

@@ -99,42 +99,75 @@ type publisher struct {
 	copies  []int // per event: publications acknowledged by JetStream
 	sent    atomic.Int64
 	dupAcks int // PubAcks flagged Duplicate: must stay 0
+	// reserve: the last messages of the order, held back after the timed
+	// bursts and published reserveChunk at a time on release (see
+	// driver.chaos), so a replica armed with the failpoint finds work: the
+	// runtime drains a burst before a restarted replica is up.
+	reserve int
+	held    chan struct{} // closed when the timed bursts are out
+	release chan bool     // true: the rest of the reserve; false: one chunk
 	done    chan struct{}
 	err     error
 }
 
-func newPublisher(s *stream, w workload) *publisher {
+// reserveChunk is one release of the reserve: a few batches for every
+// replica, so the armed one gets some.
+const reserveChunk = 200
+
+func newPublisher(s *stream, w workload, reserve int) *publisher {
 	p := &publisher{js: s.js, subject: s.subject, w: w, bodies: make([][]byte, len(w.events)),
-		copies: make([]int, len(w.events)), done: make(chan struct{})}
+		copies: make([]int, len(w.events)), reserve: min(reserve, len(w.order)),
+		held: make(chan struct{}), release: make(chan bool), done: make(chan struct{})}
 	for i, e := range w.events {
 		p.bodies[i], _ = json.Marshal(e) // a flat struct always marshals
 	}
 	return p
 }
 
-// run publishes the whole workload in bursts, one every burstEvery over
-// about d, then closes p.done. Each burst is sent as fast as JetStream takes
-// it, so the replicas have a backlog to work through: a fault then lands in
-// the middle of a batch rather than in an idle wait.
+// run publishes the workload but its reserve in bursts, one every
+// burstEvery over about d, then closes p.held and publishes the reserve as
+// the driver releases it; then it closes p.done. Each burst is sent as fast
+// as JetStream takes it, so the replicas have a backlog to work through: a
+// fault then lands in the middle of a batch rather than in an idle wait.
 func (p *publisher) run(ctx context.Context, d, burstEvery time.Duration) {
 	defer close(p.done)
+	timed := p.w.order[:len(p.w.order)-p.reserve]
 	bursts := max(1, int(d/burstEvery))
-	chunk := (len(p.w.order) + bursts - 1) / bursts
+	chunk := max(1, (len(timed)+bursts-1)/bursts)
 	t := time.NewTicker(burstEvery)
 	defer t.Stop()
-	for start := 0; start < len(p.w.order); start += chunk {
-		if err := p.publishChunk(ctx, p.w.order[start:min(start+chunk, len(p.w.order))]); err != nil {
+	for start := 0; start < len(timed); start += chunk {
+		if err := p.publishChunk(ctx, timed[start:min(start+chunk, len(timed))]); err != nil {
 			p.err = err
 			return
 		}
-		if start+chunk >= len(p.w.order) {
-			return
+		if start+chunk >= len(timed) {
+			break
 		}
 		select {
 		case <-ctx.Done():
 			p.err = ctx.Err()
 			return
 		case <-t.C:
+		}
+	}
+	close(p.held)
+	rest := p.w.order[len(timed):]
+	for len(rest) > 0 {
+		select {
+		case <-ctx.Done():
+			p.err = ctx.Err()
+			return
+		case all := <-p.release:
+			n := min(len(rest), reserveChunk)
+			if all {
+				n = len(rest)
+			}
+			if err := p.publishChunk(ctx, rest[:n]); err != nil {
+				p.err = err
+				return
+			}
+			rest = rest[n:]
 		}
 	}
 }
