@@ -177,6 +177,17 @@ dist-plugin: ## Write dist/kubectl-idc_v$(VERSION)_<os>_<arch>.tar.gz (+ .sha256
 	  (cd dist && sha256sum $$name > $$name.sha256) && echo "dist/$$name"; \
 	done
 
+.PHONY: release
+release: ## Write a release of the committed VERSION into dist/: install.yaml, the chart, the plugin archives and krew manifest, the image and its digest, SBOMs, SHA256SUMS.
+	hack/release.sh $(VERSION)
+
+.PHONY: test-release
+test-release: ## make release twice (from this tree, into bin/release-a and -b): identical SHA256SUMS, and each SBOM lists its binary's modules.
+	cd hack/sbom && go test -count=1 ./...
+	IDC_RELEASE_DIRTY=1 DIST=$(LOCALBIN)/release-a hack/release.sh $(VERSION) >/dev/null
+	IDC_RELEASE_DIRTY=1 DIST=$(LOCALBIN)/release-b hack/release.sh $(VERSION) >/dev/null
+	diff $(LOCALBIN)/release-a/SHA256SUMS $(LOCALBIN)/release-b/SHA256SUMS && echo "RELEASE reproducible: $$(wc -l < $(LOCALBIN)/release-a/SHA256SUMS) files, SHA256SUMS $$(sha256sum < $(LOCALBIN)/release-a/SHA256SUMS | cut -c1-16)"
+
 .PHONY: vulncheck
 vulncheck: build ## govulncheck on the source and bin/manager, bin/idc-runtime against a local DB built from golang.org/x/vulndb; fails on a called vulnerability not in hack/vulncheck-allow.txt.
 	hack/vulncheck.sh
