@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/version"
 )
@@ -40,28 +40,11 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// newLogger writes one JSON object per line. logr's V(n) maps to slog level
-// -n, so debug (slog's -4) shows V(1) to V(4). An unknown level is an error,
-// returned with a usable info-level logger.
-func newLogger(level string, w io.Writer) (logr.Logger, error) {
-	var l slog.Level
-	switch level {
-	case "info", "":
-		l = slog.LevelInfo
-	case "debug":
-		l = slog.LevelDebug
-	default:
-		log, _ := newLogger("info", w)
-		return log, withCode(exitUsage, fmt.Errorf("--log-level must be info or debug, got %q", level))
-	}
-	return logr.FromSlogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
-}
-
 // setup reads the flags' logger and config; errors are usage errors.
 func (c *commonFlags) setup(command string, stderr io.Writer) (*config.Config, logr.Logger, error) {
-	log, err := newLogger(c.logLevel, stderr)
+	log, err := process.NewLogger(c.logLevel, stderr)
 	if err != nil {
-		return nil, log, err
+		return nil, log, withCode(exitUsage, err)
 	}
 	log = log.WithValues("command", command, "version", version.Version)
 	if c.configPath == "" {

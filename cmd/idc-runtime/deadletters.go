@@ -1,15 +1,13 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
 	"strings"
-	"syscall"
 
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -55,7 +53,7 @@ func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return report(log, withCode(exitUsage, err))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := process.SignalContext()
 	defer stop()
 	pool, err := newPool(cfg)
 	if err != nil {

@@ -7,12 +7,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
@@ -60,7 +59,7 @@ func pruneCommand(args []string, stderr io.Writer) int {
 	if controllerWindow < 0 {
 		return report(log, withCode(exitUsage, fmt.Errorf("--window must not be negative, got %s", controllerWindow)))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := process.SignalContext()
 	defer stop()
 	return report(log, prune(ctx, cfg, log, controllerWindow))
 }

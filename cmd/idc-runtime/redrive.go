@@ -1,17 +1,15 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/redrive"
 )
@@ -67,7 +65,7 @@ func redriveCommand(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return report(log, withCode(exitUsage, err))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := process.SignalContext()
 	defer stop()
 	pool, err := newPool(cfg)
 	if err != nil {
