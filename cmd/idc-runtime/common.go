@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/version"
@@ -100,16 +101,6 @@ func report(log logr.Logger, err error) int {
 	return code
 }
 
-// startupBackoff is the wait before attempt n+1 of a startup step:
-// exponential from initial, capped at maxWait.
-func startupBackoff(n int, initial, maxWait time.Duration) time.Duration {
-	d := initial
-	for i := 1; i < n && d < maxWait; i++ {
-		d *= 2
-	}
-	return min(d, maxWait)
-}
-
 // attemptTimeout bounds one startup attempt, so a dial that hangs is retried
 // instead of blocking the start forever.
 const attemptTimeout = 30 * time.Second
@@ -131,12 +122,10 @@ func retry[T any](ctx context.Context, log logr.Logger, step string, d config.De
 		if ctx.Err() != nil {
 			return zero, false
 		}
-		wait := startupBackoff(n, d.BackoffInitial.Duration, d.BackoffMax.Duration)
+		wait := pause.Exponential(n, d.BackoffInitial.Duration, d.BackoffMax.Duration)
 		log.Error(err, "Startup step failed; retrying", "step", step, "attempt", n, "retryIn", wait.String())
-		select {
-		case <-ctx.Done():
+		if !pause.For(ctx, wait) {
 			return zero, false
-		case <-time.After(wait):
 		}
 	}
 }
