@@ -16,6 +16,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/version"
 )
 
@@ -90,6 +91,21 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("while creating the PostgreSQL pool: %w", err)
 	}
 	return pool, nil
+}
+
+// openStore builds the pool (newPool) and the inbox store the config names;
+// the caller closes the pool. A config the store refuses is a usage error.
+func openStore(cfg *config.Config) (*pgxpool.Pool, *inbox.Store, error) {
+	pool, err := newPool(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := inbox.ForConfig(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, nil, withCode(exitUsage, err)
+	}
+	return pool, store, nil
 }
 
 // report logs a command's failure and returns its exit code.

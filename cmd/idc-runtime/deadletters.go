@@ -52,15 +52,11 @@ func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := process.SignalContext()
 	defer stop()
-	pool, err := newPool(cfg)
+	pool, store, err := openStore(cfg)
 	if err != nil {
 		return report(log, err)
 	}
 	defer pool.Close()
-	store, err := inbox.New(pool, cfg.Sink)
-	if err != nil {
-		return report(log, withCode(exitUsage, err))
-	}
 	listing, err := store.ListDeadLetters(ctx, pool, filter, f.excerpt)
 	if err != nil {
 		return report(log, err)

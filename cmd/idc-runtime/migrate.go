@@ -31,15 +31,11 @@ func migrateCommand(args []string, stderr io.Writer) int {
 }
 
 func migrate(cfg *config.Config, log logr.Logger) error {
-	pool, err := newPool(cfg)
+	pool, store, err := openStore(cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.ForConfig(pool, cfg)
-	if err != nil {
-		return withCode(exitUsage, err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
 	defer cancel()
 	if err := store.Migrate(ctx); err != nil {

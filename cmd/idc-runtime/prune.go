@@ -105,15 +105,11 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		log.Error(deriveErr, "Re-deriving the retention window failed; falling back to the stored and the controller's window",
 			"controllerWindow", controllerWindow.String())
 	}
-	pool, err := newPool(cfg)
+	pool, store, err := openStore(cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.ForConfig(pool, cfg)
-	if err != nil {
-		return withCode(exitUsage, err)
-	}
 	version, err := store.SchemaVersion(ctx)
 	if err != nil {
 		return err
