@@ -31,6 +31,15 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: info or debug")
 }
 
+// flagSet is a command's flag set, with the common flags registered into c;
+// its errors and -h go to stderr.
+func (c *commonFlags) flagSet(command string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.register(fs)
+	return fs
+}
+
 // parseFlags parses args; -h is not an error.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {

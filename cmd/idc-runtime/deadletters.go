@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -33,9 +32,7 @@ type deadLettersFlags struct {
 // only reads: it never migrates or changes a row.
 func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 	var f deadLettersFlags
-	fs := flag.NewFlagSet("deadletters", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	f.register(fs)
+	fs := f.flagSet("deadletters", stderr)
 	f.registerSelection(fs, "list", 50, "list at most this many dead letters, oldest first (0: no limit); the total is counted without it")
 	fs.IntVar(&f.excerpt, "excerpt", 200, "cut each reason to this many characters")
 	fs.StringVar(&f.output, "o", "json", "output format: json (one line)")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"time"
 
@@ -17,9 +16,7 @@ const migrateTimeout = 2 * time.Minute
 
 func migrateCommand(args []string, stderr io.Writer) int {
 	var flags commonFlags
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags.register(fs)
+	fs := flags.flagSet("migrate", stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -45,9 +44,7 @@ type windowChoice struct {
 func pruneCommand(args []string, stderr io.Writer) int {
 	var flags commonFlags
 	var controllerWindow time.Duration
-	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags.register(fs)
+	fs := flags.flagSet("prune", stderr)
 	fs.DurationVar(&controllerWindow, "window", 0, "the window the controller has in force; the largest of it, the re-derived one and the one stored with the inbox is used")
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -22,9 +21,7 @@ type redriveFlags struct {
 
 func redriveCommand(args []string, stdout, stderr io.Writer) int {
 	var f redriveFlags
-	fs := flag.NewFlagSet("redrive", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	f.register(fs)
+	fs := f.flagSet("redrive", stderr)
 	f.registerSelection(fs, "redrive", 0, "redrive at most this many dead letters (0: no limit)")
 	fs.StringVar(&f.since, "since", "", "only dead letters since this time (RFC 3339, or a duration ago such as 24h)")
 	fs.StringVar(&f.until, "until", "", "only dead letters before this time (RFC 3339, or a duration ago)")

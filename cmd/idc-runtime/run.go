@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -53,9 +52,7 @@ const shutdownTimeout = 5 * time.Second
 func runCommand(args []string, stderr io.Writer) int {
 	var flags commonFlags
 	var consumerName string
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags.register(fs)
+	fs := flags.flagSet("run", stderr)
 	fs.StringVar(&consumerName, "consumer-name", "", "this replica's name on the broker (default $POD_NAME, else the host name)")
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)
