@@ -10,8 +10,8 @@ COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
 ENV LDFLAGS="-w -X github.com/idempotency-dev/idc-operator/runtime/version.Version=${VERSION} -X github.com/idempotency-dev/idc-operator/runtime/version.Commit=${COMMIT}"
-RUN CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/manager . \
- && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/idc-runtime ./runtime/cmd/idc-runtime \
+RUN CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/manager ./cmd/manager \
+ && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/idc-runtime ./cmd/idc-runtime \
  && CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "${LDFLAGS}" -o /out/kubectl-idc ./cmd/kubectl-idc
 
 FROM gcr.io/distroless/static-debian12:nonroot

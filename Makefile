@@ -155,8 +155,8 @@ bench-controller: ## Controller benchmark: 300 resources (IDC_BENCH_RESOURCES) t
 
 .PHONY: build
 build: plugin ## Build bin/manager, bin/idc-runtime and bin/kubectl-idc (static, with the version).
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/manager .
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/idc-runtime ./runtime/cmd/idc-runtime
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/manager ./cmd/manager
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/idc-runtime ./cmd/idc-runtime
 
 .PHONY: plugin
 plugin: ## Build bin/kubectl-idc, the kubectl plugin (`kubectl idc` once it is on the PATH).
@@ -200,8 +200,8 @@ kube-score: build-installer helm ## kube-score on dist/install.yaml, the chart's
 .PHONY: image
 image: ## Build the image without Docker: bin/idc-operator-image.tar (OCI archive; .docker.tar for docker load).
 	@mkdir -p $(LOCALBIN)/linux
-	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/manager .
-	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/idc-runtime ./runtime/cmd/idc-runtime
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/manager ./cmd/manager
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/idc-runtime ./cmd/idc-runtime
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(LOCALBIN)/linux/kubectl-idc ./cmd/kubectl-idc
 	go run ./hack/image -tag $(IMG) -out $(LOCALBIN)/idc-operator-image.tar -docker $(LOCALBIN)/idc-operator-image.docker.tar -base \
 	  -file /manager=$(LOCALBIN)/linux/manager -file /idc-runtime=$(LOCALBIN)/linux/idc-runtime -file /kubectl-idc=$(LOCALBIN)/linux/kubectl-idc \
@@ -218,7 +218,7 @@ pause-image: ## The node's sandbox image (registry.k8s.io/pause:3.10, a static G
 
 .PHONY: run
 run: manifests generate ## Run the manager against the cluster in ~/.kube/config.
-	go run . $(ARGS)
+	go run ./cmd/manager $(ARGS)
 
 .PHONY: demo
 demo: node-up build-installer ## The demo on the real node (NATS JetStream -> PostgreSQL upsert). ARGS=--once exits after the summary.

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/deadletterflags"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -51,13 +52,31 @@ type deadLetterOutput struct {
 }
 
 func (q deadLetterQuery) validate() error {
-	if q.reason != "" && !slices.Contains(inbox.DeadLetterClasses, q.reason) {
-		return usagef("--reason %q is not a reason class (one of %s)", q.reason, strings.Join(inbox.DeadLetterClasses, ", "))
-	}
-	if q.limit < 0 {
-		return usagef("--limit must be 0 (no limit) or more, got %d", q.limit)
+	return checkSelection(deadletterflags.Selection{Reasons: reasons(q.reason), IDs: q.ids, Limit: q.limit})
+}
+
+// checkSelection checks the dead-letter flags as idc-runtime does
+// (internal/deadletterflags); a bad value is a usage error.
+func checkSelection(s deadletterflags.Selection) error {
+	if _, err := s.Filter(time.Time{}); err != nil {
+		return &usageError{err: err}
 	}
 	return nil
+}
+
+// completeReasons completes --reason with the reason classes.
+func completeReasons(cmd *cobra.Command) {
+	_ = cmd.RegisterFlagCompletionFunc("reason", func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return inbox.DeadLetterClasses, cobra.ShellCompDirectiveNoFileComp
+	})
+}
+
+// reasons is the one --reason as a list; none when it is empty.
+func reasons(reason string) []string {
+	if reason == "" {
+		return nil
+	}
+	return []string{reason}
 }
 
 func (a *app) deadLettersCommand() *cobra.Command {
@@ -83,13 +102,11 @@ It runs "idc-runtime deadletters" in a short-lived Job built from the resource's
 CronJob (same image, config, Secret and restricted security context), reads the Job's
 log and deletes the Job. You need RBAC to read the CronJob, create and delete Jobs,
 and read pods and their logs in the namespace.`
-	cmd.Flags().StringVar(&q.reason, "reason", "", "only this reason class: "+strings.Join(inbox.DeadLetterClasses, ", "))
+	cmd.Flags().StringVar(&q.reason, "reason", "", "only this reason class: "+deadletterflags.ReasonClasses())
 	cmd.Flags().StringArrayVar(&q.ids, "id", nil, "only this message id (repeatable)")
 	cmd.Flags().IntVar(&q.limit, "limit", 50, "show at most this many, oldest first (0: all); the total is counted without it")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long the Job may take")
-	_ = cmd.RegisterFlagCompletionFunc("reason", func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
-		return inbox.DeadLetterClasses, cobra.ShellCompDirectiveNoFileComp
-	})
+	completeReasons(cmd)
 	return cmd
 }
 

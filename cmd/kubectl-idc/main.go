@@ -24,6 +24,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -38,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/process"
 )
 
 // Exit codes; see the package comment.
@@ -48,7 +50,12 @@ const (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, nil))
+	// Ctrl-C ends a command through its context, so the dead-letter Job it
+	// created is still deleted; a second one kills at once.
+	ctx, stop := process.SignalContext()
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil)
+	stop()
+	os.Exit(code)
 }
 
 // usageError marks errors of the command line (exit 2).
@@ -126,12 +133,12 @@ func newClients(cfg *rest.Config, namespace string) (*clients, error) {
 	return &clients{client: c, kube: kube, namespace: namespace}, nil
 }
 
-// run executes the command line and returns the exit code. connect nil
-// connects with the kubeconfig flags.
-func run(args []string, stdout, stderr io.Writer, connect connector) int {
+// run executes the command line until ctx ends and returns the exit code.
+// connect nil connects with the kubeconfig flags.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, connect connector) int {
 	root, _ := newRootCommand(stdout, stderr, connect)
 	root.SetArgs(args)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "error: %v\n", err)
 	}

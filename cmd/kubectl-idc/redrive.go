@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/internal/deadletterflags"
 )
 
 type redriveOptions struct {
@@ -44,13 +42,8 @@ type redriveRequest struct {
 }
 
 func (o *redriveOptions) validate() error {
-	if o.reason != "" && !slices.Contains(inbox.DeadLetterClasses, o.reason) {
-		return usagef("--reason %q is not a reason class (one of %s)", o.reason, strings.Join(inbox.DeadLetterClasses, ", "))
-	}
-	for _, id := range o.ids {
-		if id == "" {
-			return usagef("--id must not be empty")
-		}
+	if err := checkSelection(deadletterflags.Selection{Reasons: reasons(o.reason), IDs: o.ids}); err != nil {
+		return err
 	}
 	if o.timeout <= 0 {
 		return usagef("--timeout must be positive, got %s", o.timeout)
@@ -96,14 +89,12 @@ redrive Job for it: each selected dead letter goes through the claim and the eff
 again, exactly once. --wait follows status.lastRedrive until the Job ended and prints
 its counts. --dry-run changes nothing: it prints the annotations it would set and how
 many dead letters the filter selects now (read by a short-lived Job, like deadletters).`
-	cmd.Flags().StringVar(&o.reason, "reason", "", "redrive only this reason class: "+strings.Join(inbox.DeadLetterClasses, ", "))
+	cmd.Flags().StringVar(&o.reason, "reason", "", "redrive only this reason class: "+deadletterflags.ReasonClasses())
 	cmd.Flags().StringArrayVar(&o.ids, "id", nil, "redrive only the dead letters of this message id (repeatable)")
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "change nothing: print the annotations and how many dead letters would be selected")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait for the redrive to end and print its outcome (exit 1 if it failed)")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 5*time.Minute, "how long --wait (and --dry-run's Job) may take")
-	_ = cmd.RegisterFlagCompletionFunc("reason", func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
-		return inbox.DeadLetterClasses, cobra.ShellCompDirectiveNoFileComp
-	})
+	completeReasons(cmd)
 	return cmd
 }
 

@@ -9,7 +9,7 @@ import (
 )
 
 // RuntimePackage is the import path of the idc-runtime command.
-const RuntimePackage = "github.com/idempotency-dev/idc-operator/runtime/cmd/idc-runtime"
+const RuntimePackage = "github.com/idempotency-dev/idc-operator/cmd/idc-runtime"
 
 // Build compiles pkg into the test's temporary directory and returns the
 // binary's path; a build failure fails the test with the compiler output.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
@@ -185,7 +186,7 @@ func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, d
 			wait = c.backoff(attempts)
 			c.log.Error(err, "Batch failed; retrying", "records", len(recs), "attempt", attempts)
 		}
-		if !c.sleep(stop, wait) {
+		if !pause.For(stop, wait) {
 			return errStopped
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
@@ -185,7 +186,7 @@ func (c *Consumer) waitForDatabase(ctx context.Context) bool {
 			return true
 		}
 		c.log.Error(err, "Database not reachable yet; backing off", "attempt", n)
-		if !c.sleep(ctx, backoff(n, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
+		if !pause.For(ctx, backoff(n, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
 			return false
 		}
 	}
@@ -215,17 +216,5 @@ func (c *Consumer) refreshStats(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-	}
-}
-
-// sleep waits d or until stop ends; it reports whether the wait completed.
-func (c *Consumer) sleep(stop context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-stop.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -156,11 +157,7 @@ func isNetworkError(err error) bool {
 // initial, capped at max, with jitter over the upper half so replicas that
 // failed together do not retry together.
 func backoff(n int, initial, maxWait time.Duration) time.Duration {
-	d := initial
-	for i := 1; i < n && d < maxWait; i++ {
-		d *= 2
-	}
-	d = min(d, maxWait)
+	d := pause.Exponential(n, initial, maxWait)
 	half := d / 2
 	return half + rand.N(half+1)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
@@ -44,7 +45,7 @@ func (c *Consumer) checkInbox(ctx context.Context) bool {
 // ctx ends (false).
 func (c *Consumer) awaitInbox(ctx context.Context) bool {
 	for !c.checkInbox(ctx) {
-		if !c.sleep(ctx, inboxCheckInterval) {
+		if !pause.For(ctx, inboxCheckInterval) {
 			return false
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -89,7 +90,7 @@ func (c *Consumer) fetchLoop(ctx context.Context, lanes []chan laneBatch) {
 		if err != nil {
 			failures++
 			c.log.Error(err, "Fetch failed; backing off", "failures", failures)
-			if !c.sleep(ctx, c.backoff(failures)) {
+			if !pause.For(ctx, c.backoff(failures)) {
 				return
 			}
 			continue
@@ -270,7 +271,7 @@ func (lb laneBatch) join(b laneBatch) laneBatch {
 // reports false when stop ended first.
 func (c *Consumer) waitUnheld(stop context.Context) bool {
 	for c.held.Load() != nil {
-		if !c.sleep(stop, holdPoll) {
+		if !pause.For(stop, holdPoll) {
 			return false
 		}
 	}

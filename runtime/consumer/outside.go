@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 )
@@ -40,7 +41,7 @@ func (c *Consumer) settleOutside(work, stop context.Context, recs []*extract.Mes
 			// Per-call problems come back in res; an error here is about
 			// the effect as a whole, so treat it like an outage.
 			c.log.Error(err, "Effect failed; retrying the batch", "round", round)
-			if !c.sleep(stop, c.backoff(round)) {
+			if !pause.For(stop, c.backoff(round)) {
 				return errStopped
 			}
 			continue
@@ -57,7 +58,7 @@ func (c *Consumer) settleOutside(work, stop context.Context, recs []*extract.Mes
 		}
 		dls, recs = nil, retry
 		c.log.Info("Retrying http calls", "records", len(retry), "round", round)
-		if !c.sleep(stop, c.backoff(round)) {
+		if !pause.For(stop, c.backoff(round)) {
 			return errStopped
 		}
 	}
@@ -83,7 +84,7 @@ func (c *Consumer) notYetDone(work, stop context.Context, recs []*extract.Messag
 			return todo, nil
 		}
 		c.log.Error(err, "Inbox lookup failed; retrying", "failures", n)
-		if !c.sleep(stop, c.backoff(n)) {
+		if !pause.For(stop, c.backoff(n)) {
 			return nil, errStopped
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
@@ -311,7 +312,7 @@ func (c *Consumer) registerProgress(ctx context.Context) bool {
 			return true
 		}
 		c.log.Error(err, "Cannot record this replica's progress yet; not fetching until it is recorded", "attempt", n)
-		if !c.sleep(ctx, backoff(n, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
+		if !pause.For(ctx, backoff(n, c.delivery.BackoffInitial.Duration, c.delivery.BackoffMax.Duration)) {
 			return false
 		}
 	}

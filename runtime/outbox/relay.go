@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -143,7 +144,7 @@ func (r *Relay) work(ctx context.Context, start int) error {
 			r.backoffs.succeeded(shard)
 			full = full || n >= r.BatchSize
 		}
-		if !full && !sleep(ctx, r.Poll) {
+		if !full && !pause.For(ctx, r.Poll) {
 			return nil
 		}
 	}
@@ -167,7 +168,7 @@ func (b *shardBackoffs) failed(shard int, initial, limit time.Duration) (int, ti
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.failures[shard]++
-	d := backoff(b.failures[shard], initial, limit)
+	d := pause.Exponential(b.failures[shard], max(initial, time.Millisecond), limit)
 	b.notBefore[shard] = time.Now().Add(d)
 	return b.failures[shard], d
 }
@@ -375,33 +376,10 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		} else if ctx.Err() == nil {
 			r.Log.V(1).Info("Could not read outbox stats", "error", err.Error())
 		}
-		if !sleep(ctx, statsInterval) {
+		if !pause.For(ctx, statsInterval) {
 			return
 		}
 	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff doubles from initial up to limit.
-func backoff(n int, initial, limit time.Duration) time.Duration {
-	d := max(initial, time.Millisecond)
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
-	}
-	if limit > 0 {
-		d = min(d, limit)
-	}
-	return d
 }
 
 // Metrics are the relay's Prometheus metrics.

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/consumer"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
@@ -185,7 +186,7 @@ func (r *Redriver) one(ctx context.Context, opts Options, id int64) (string, err
 			wait = r.backoff(attempts)
 		}
 		r.log.Error(err, "Redrive of a dead letter failed; retrying", "deadLetter", id, "retryIn", wait.String())
-		if !sleep(ctx, wait) {
+		if !pause.For(ctx, wait) {
 			return "", fmt.Errorf("while redriving dead letter %d: %w", id, ctx.Err())
 		}
 	}
@@ -193,11 +194,7 @@ func (r *Redriver) one(ctx context.Context, opts Options, id int64) (string, err
 
 // backoff doubles from delivery.backoffInitial up to delivery.backoffMax.
 func (r *Redriver) backoff(n int) time.Duration {
-	d := r.delivery.BackoffInitial.Duration
-	for i := 1; i < n && d < r.delivery.BackoffMax.Duration; i++ {
-		d *= 2
-	}
-	return min(d, r.delivery.BackoffMax.Duration)
+	return pause.Exponential(n, r.delivery.BackoffInitial.Duration, r.delivery.BackoffMax.Duration)
 }
 
 // settle runs the one transaction of a redrive: lock the row, settle the
@@ -295,15 +292,4 @@ func (r *Redriver) inTx(ctx context.Context, dryRun bool, fn func(pgx.Tx) error)
 		return fmt.Errorf("while committing: %w", err)
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -23,13 +23,13 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/testenv"
 )
 
-// buildManager builds the repository's main package as `make build` and the
+// buildManager builds cmd/manager as `make build` and the
 // image do (static, trimmed, without DWARF), so the memory measured is the
 // shipped binary's: a cgo build maps libc and the resolver besides.
 func buildManager(b *testing.B, dir string) string {
 	b.Helper()
 	bin := filepath.Join(dir, "manager")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-w", "-o", bin, "github.com/idempotency-dev/idc-operator")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-w", "-o", bin, "github.com/idempotency-dev/idc-operator/cmd/manager")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Dir = testenv.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -3,16 +3,14 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
@@ -46,9 +44,7 @@ type windowChoice struct {
 func pruneCommand(args []string, stderr io.Writer) int {
 	var flags commonFlags
 	var controllerWindow time.Duration
-	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags.register(fs)
+	fs := flags.flagSet("prune", stderr)
 	fs.DurationVar(&controllerWindow, "window", 0, "the window the controller has in force; the largest of it, the re-derived one and the one stored with the inbox is used")
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)
@@ -60,7 +56,7 @@ func pruneCommand(args []string, stderr io.Writer) int {
 	if controllerWindow < 0 {
 		return report(log, withCode(exitUsage, fmt.Errorf("--window must not be negative, got %s", controllerWindow)))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := process.SignalContext()
 	defer stop()
 	return report(log, prune(ctx, cfg, log, controllerWindow))
 }
@@ -106,15 +102,11 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		log.Error(deriveErr, "Re-deriving the retention window failed; falling back to the stored and the controller's window",
 			"controllerWindow", controllerWindow.String())
 	}
-	pool, err := newPool(cfg)
+	pool, store, err := openStore(cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.ForConfig(pool, cfg)
-	if err != nil {
-		return withCode(exitUsage, err)
-	}
 	version, err := store.SchemaVersion(ctx)
 	if err != nil {
 		return err

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"io"
 	"time"
 
@@ -17,9 +16,7 @@ const migrateTimeout = 2 * time.Minute
 
 func migrateCommand(args []string, stderr io.Writer) int {
 	var flags commonFlags
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags.register(fs)
+	fs := flags.flagSet("migrate", stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)
 	}
@@ -31,15 +28,11 @@ func migrateCommand(args []string, stderr io.Writer) int {
 }
 
 func migrate(cfg *config.Config, log logr.Logger) error {
-	pool, err := newPool(cfg)
+	pool, store, err := openStore(cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	store, err := inbox.ForConfig(pool, cfg)
-	if err != nil {
-		return withCode(exitUsage, err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
 	defer cancel()
 	if err := store.Migrate(ctx); err != nil {

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
-	"os/signal"
-	"strings"
-	"syscall"
+	"time"
 
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -26,22 +23,17 @@ type deadLetterList struct {
 
 type deadLettersFlags struct {
 	commonFlags
-	reasons, ids stringList
-	limit        int
-	excerpt      int
-	output       string
+	selectionFlags
+	excerpt int
+	output  string
 }
 
 // deadLettersCommand lists the dead letters as one JSON line on stdout. It
 // only reads: it never migrates or changes a row.
 func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 	var f deadLettersFlags
-	fs := flag.NewFlagSet("deadletters", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	f.register(fs)
-	fs.Var(&f.reasons, "reason", "list only dead letters of this reason class (repeatable): "+strings.Join(reasonClasses, ", "))
-	fs.Var(&f.ids, "id", "list only this message id (repeatable)")
-	fs.IntVar(&f.limit, "limit", 50, "list at most this many dead letters, oldest first (0: no limit); the total is counted without it")
+	fs := f.flagSet("deadletters", stderr)
+	f.registerSelection(fs, "list", 50, "list at most this many dead letters, oldest first (0: no limit); the total is counted without it")
 	fs.IntVar(&f.excerpt, "excerpt", 200, "cut each reason to this many characters")
 	fs.StringVar(&f.output, "o", "json", "output format: json (one line)")
 	if err := parseFlags(fs, args); err != nil {
@@ -55,17 +47,13 @@ func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return report(log, withCode(exitUsage, err))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := process.SignalContext()
 	defer stop()
-	pool, err := newPool(cfg)
+	pool, store, err := openStore(cfg)
 	if err != nil {
 		return report(log, err)
 	}
 	defer pool.Close()
-	store, err := inbox.New(pool, cfg.Sink)
-	if err != nil {
-		return report(log, withCode(exitUsage, err))
-	}
 	listing, err := store.ListDeadLetters(ctx, pool, filter, f.excerpt)
 	if err != nil {
 		return report(log, err)
@@ -79,18 +67,11 @@ func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 }
 
 func (f *deadLettersFlags) filter() (inbox.DeadLetterFilter, error) {
-	for _, r := range f.reasons {
-		if !contains(reasonClasses, r) {
-			return inbox.DeadLetterFilter{}, fmt.Errorf("--reason %q is not a reason class (one of %s)", r, strings.Join(reasonClasses, ", "))
-		}
-	}
 	switch {
-	case f.limit < 0:
-		return inbox.DeadLetterFilter{}, fmt.Errorf("--limit must be 0 (no limit) or more, got %d", f.limit)
 	case f.excerpt <= 0:
 		return inbox.DeadLetterFilter{}, fmt.Errorf("--excerpt must be positive, got %d", f.excerpt)
 	case f.output != "json":
 		return inbox.DeadLetterFilter{}, fmt.Errorf("-o must be json, got %q", f.output)
 	}
-	return inbox.DeadLetterFilter{Classes: f.reasons, MessageIDs: f.ids, Limit: f.limit}, nil
+	return f.selection().Filter(time.Now())
 }

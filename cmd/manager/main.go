@@ -24,8 +24,17 @@ import (
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers"
 	"github.com/idempotency-dev/idc-operator/internal/metricsauth"
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/version"
 )
+
+// defaultGCPercent is the manager's GOGC when the environment sets none. Its
+// live heap is small (about 30 MiB with 1,000 resources) and mostly idle, so
+// the collector's default of 100 (a heap allowed to reach twice the live
+// data) is what sizes its memory; 50 keeps the peak resident size about 15
+// MiB lower at 1,000 resources for a few percent more CPU during a burst of
+// creations. Prometheus picks its own GOGC the same way.
+const defaultGCPercent = 50
 
 func main() {
 	if err := run(); err != nil {
@@ -57,7 +66,7 @@ func run() error {
 	flag.StringVar(&httpDeny, "http-deny-networks", strings.Join(controllers.DefaultHTTPDenyNetworks, ","), "Comma-separated CIDRs the http effect never connects to (checked on the dialled address, after DNS); empty denies none.")
 	flag.BoolVar(&podDisruptionBudgets, "pod-disruption-budgets", true, "Give each consumer with more than one replica a PodDisruptionBudget (maxUnavailable 1).")
 	flag.BoolVar(&networkPolicies, "network-policies", false, "Give each consumer a NetworkPolicy allowing its pods egress to DNS and the endpoints the runtime dials only (its database, brokers, http endpoint).")
-	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker and the last prune run is read.")
+	flag.DurationVar(&retentionPeriod, "retention-period", 5*time.Minute, "How often the retention window is re-derived from the broker; a resource is reconciled at least this often (up to 10% later, jittered). The last prune run is read back on every pass, also one its prune CronJob's change wakes.")
 	flag.DurationVar(&recheckPeriod, "recheck-period", controllers.DefaultRecheckPeriod, "How often a resource whose sink, inbox or broker is not ready is checked again (a fixed period, at most 30s; never a growing backoff).")
 	flag.StringVar(&clusterID, "cluster-id", "", "The cluster's identity in each inbox's owner record; empty reads the kube-system namespace's UID (a namespaced install that may not read it records \"unknown\"). Set it when clusters share a sink database and cannot read kube-system.")
 	flag.IntVar(&maxConcurrent, "max-concurrent-reconciles", 4, "IdempotentConsumers reconciled in parallel.")
@@ -73,12 +82,13 @@ func run() error {
 		return nil
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
-	gcPercent, softLimit, err := memorySettings(os.Getenv, os.ReadFile)
+	setupLog := ctrl.Log.WithName("setup")
+	mem, err := process.SetMemory(defaultGCPercent)
 	if err != nil {
-		return err
+		setupLog.Error(err, "cannot read the container's memory limit; running without a soft memory limit")
 	}
 	// 0 means the environment's GOGC / GOMEMLIMIT, or no container limit.
-	ctrl.Log.WithName("setup").Info("Go collector", "gcPercentSet", gcPercent, "softMemoryLimitSet", softLimit)
+	setupLog.Info("Go collector", "gcPercentSet", mem.GCPercent, "softMemoryLimitSet", mem.SoftLimit)
 
 	if runtimeImage == "" {
 		return fmt.Errorf("no runtime image: set --runtime-image or RUNTIME_IMAGE")
@@ -161,8 +171,10 @@ func run() error {
 	if err := mgr.AddReadyzCheck("readyz", cacheSynced); err != nil {
 		return fmt.Errorf("adding the ready check: %w", err)
 	}
-	ctrl.Log.WithName("setup").Info("starting manager", "version", version.String(), "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)
-	return mgr.Start(ctrl.SetupSignalHandler())
+	setupLog.Info("starting manager", "version", version.String(), "runtimeImage", runtimeImage, "watchNamespaces", watchNamespaces)
+	ctx, stop := process.SignalContext()
+	defer stop()
+	return mgr.Start(ctx)
 }
 
 // splitList splits a comma-separated flag value, dropping empty entries.

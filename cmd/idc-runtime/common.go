@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -14,7 +13,10 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-dev/idc-operator/internal/pause"
+	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/version"
 )
 
@@ -29,6 +31,15 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: info or debug")
 }
 
+// flagSet is a command's flag set, with the common flags registered into c;
+// its errors and -h go to stderr.
+func (c *commonFlags) flagSet(command string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.register(fs)
+	return fs
+}
+
 // parseFlags parses args; -h is not an error.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
@@ -40,28 +51,11 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// newLogger writes one JSON object per line. logr's V(n) maps to slog level
-// -n, so debug (slog's -4) shows V(1) to V(4). An unknown level is an error,
-// returned with a usable info-level logger.
-func newLogger(level string, w io.Writer) (logr.Logger, error) {
-	var l slog.Level
-	switch level {
-	case "info", "":
-		l = slog.LevelInfo
-	case "debug":
-		l = slog.LevelDebug
-	default:
-		log, _ := newLogger("info", w)
-		return log, withCode(exitUsage, fmt.Errorf("--log-level must be info or debug, got %q", level))
-	}
-	return logr.FromSlogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l})), nil
-}
-
 // setup reads the flags' logger and config; errors are usage errors.
 func (c *commonFlags) setup(command string, stderr io.Writer) (*config.Config, logr.Logger, error) {
-	log, err := newLogger(c.logLevel, stderr)
+	log, err := process.NewLogger(c.logLevel, stderr)
 	if err != nil {
-		return nil, log, err
+		return nil, log, withCode(exitUsage, err)
 	}
 	log = log.WithValues("command", command, "version", version.Version)
 	if c.configPath == "" {
@@ -108,6 +102,21 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// openStore builds the pool (newPool) and the inbox store the config names;
+// the caller closes the pool. A config the store refuses is a usage error.
+func openStore(cfg *config.Config) (*pgxpool.Pool, *inbox.Store, error) {
+	pool, err := newPool(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := inbox.ForConfig(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, nil, withCode(exitUsage, err)
+	}
+	return pool, store, nil
+}
+
 // report logs a command's failure and returns its exit code.
 func report(log logr.Logger, err error) int {
 	code := exitCode(err)
@@ -115,16 +124,6 @@ func report(log logr.Logger, err error) int {
 		log.Error(err, "Command failed", "exitCode", code)
 	}
 	return code
-}
-
-// startupBackoff is the wait before attempt n+1 of a startup step:
-// exponential from initial, capped at maxWait.
-func startupBackoff(n int, initial, maxWait time.Duration) time.Duration {
-	d := initial
-	for i := 1; i < n && d < maxWait; i++ {
-		d *= 2
-	}
-	return min(d, maxWait)
 }
 
 // attemptTimeout bounds one startup attempt, so a dial that hangs is retried
@@ -148,12 +147,10 @@ func retry[T any](ctx context.Context, log logr.Logger, step string, d config.De
 		if ctx.Err() != nil {
 			return zero, false
 		}
-		wait := startupBackoff(n, d.BackoffInitial.Duration, d.BackoffMax.Duration)
+		wait := pause.Exponential(n, d.BackoffInitial.Duration, d.BackoffMax.Duration)
 		log.Error(err, "Startup step failed; retrying", "step", step, "attempt", n, "retryIn", wait.String())
-		select {
-		case <-ctx.Done():
+		if !pause.For(ctx, wait) {
 			return zero, false
-		case <-time.After(wait):
 		}
 	}
 }
