@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash -o pipefail
 
 # The release version: both binaries report it (`idc-runtime version`,
 # `manager --version`), it tags the image, and the Helm chart follows it.
-VERSION ?= 0.2.0
+VERSION ?= 0.3.0-dev
 COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 # The image's timestamps: the commit time, so one commit gives one digest.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
