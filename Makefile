@@ -184,8 +184,8 @@ release: ## Write a release of the committed VERSION into dist/: install.yaml, t
 .PHONY: test-release
 test-release: ## make release twice (from this tree, into bin/release-a and -b): identical SHA256SUMS, and each SBOM lists its binary's modules.
 	cd hack/sbom && go test -count=1 ./...
-	IDC_RELEASE_DIRTY=1 DIST=$(LOCALBIN)/release-a hack/release.sh $(VERSION) >/dev/null
-	IDC_RELEASE_DIRTY=1 DIST=$(LOCALBIN)/release-b hack/release.sh $(VERSION) >/dev/null
+	IDC_RELEASE_REHEARSAL=1 DIST=$(LOCALBIN)/release-a hack/release.sh $(VERSION) >/dev/null
+	IDC_RELEASE_REHEARSAL=1 DIST=$(LOCALBIN)/release-b hack/release.sh $(VERSION) >/dev/null
 	diff $(LOCALBIN)/release-a/SHA256SUMS $(LOCALBIN)/release-b/SHA256SUMS && echo "RELEASE reproducible: $$(wc -l < $(LOCALBIN)/release-a/SHA256SUMS) files, SHA256SUMS $$(sha256sum < $(LOCALBIN)/release-a/SHA256SUMS | cut -c1-16)"
 
 .PHONY: vulncheck

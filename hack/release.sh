@@ -28,10 +28,13 @@ die() { echo "release: $*" >&2; exit 1; }
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "VERSION=$version is not a semantic version (x.y.z)"
 committed=$(sed -n 's/^VERSION ?= //p' Makefile)
 [[ $version == "$committed" ]] || die "VERSION=$version is not the version the Makefile names ($committed): set 'VERSION ?= $version' in the Makefile, run 'make manifests', add '## [$version]' to CHANGELOG.md with its upgrade notes, commit, then run 'make release VERSION=$version'"
-grep -q "^## \[$version\]" CHANGELOG.md || die "CHANGELOG.md has no '## [$version]' section: add it, with its 'Upgrade notes', and commit"
-grep -A200 "^## \[$version\]" CHANGELOG.md | sed '1d;/^## \[/,$d' | grep -q '^### Upgrade notes' ||
+# IDC_RELEASE_REHEARSAL=1 (make test-release): the same build from the work
+# tree as it is, without the clean-tree and CHANGELOG checks.
+rehearsal=${IDC_RELEASE_REHEARSAL:-}
+[[ -n $rehearsal ]] || grep -q "^## \[$version\]" CHANGELOG.md || die "CHANGELOG.md has no '## [$version]' section: add it, with its 'Upgrade notes', and commit"
+[[ -n $rehearsal ]] || grep -A200 "^## \[$version\]" CHANGELOG.md | sed '1d;/^## \[/,$d' | grep -q '^### Upgrade notes' ||
   die "CHANGELOG.md's [$version] section has no '### Upgrade notes': say what rolls, what the schema does, what was removed (or 'none')"
-if [[ -z ${IDC_RELEASE_DIRTY:-} ]] && [[ -n $(git status --porcelain --untracked-files=no) ]]; then
+if [[ -z $rehearsal ]] && [[ -n $(git status --porcelain --untracked-files=no) ]]; then
   die "the work tree has uncommitted changes: a release is built from a commit (git status)"
 fi
 
@@ -44,7 +47,7 @@ epoch=$(git log -1 --format=%ct)
 # The manifests, then check that generating them changed nothing: the
 # release is of what is committed.
 make_ build-installer >/dev/null
-if [[ -z ${IDC_RELEASE_DIRTY:-} ]] && [[ -n $(git status --porcelain --untracked-files=no) ]]; then
+if [[ -z $rehearsal ]] && [[ -n $(git status --porcelain --untracked-files=no) ]]; then
   git status --short >&2
   die "make manifests changed committed files: run 'make manifests generate' and commit"
 fi

@@ -36,9 +36,13 @@ var (
 		minKills: 5, minFailpoint: 1, minCuts: 5,
 		gapMin: 100 * time.Millisecond, gapMax: 400 * time.Millisecond, restartMax: 800 * time.Millisecond,
 		cutShare: 0.35, armShare: 0.25, ackWait: 3 * time.Second, deadline: 6 * time.Minute}
-	longSize = size{name: "long", messages: 100_000, versions: 10, publishFor: 5 * time.Minute, burstEvery: 3 * time.Second,
+	// The long form's bursts are 2,000 messages, and a fault is due 100 to
+	// 400 ms into a backlog: the runtime drains a burst in about a second,
+	// so longer gaps landed most kills after the drain (6 of 25 under
+	// backlog with 1,000-message bursts and 300 to 1,200 ms gaps).
+	longSize = size{name: "long", messages: 100_000, versions: 10, publishFor: 5 * time.Minute, burstEvery: 6 * time.Second,
 		minKills: 30, minFailpoint: 5, minCuts: 5,
-		gapMin: 300 * time.Millisecond, gapMax: 1200 * time.Millisecond, restartMax: 1500 * time.Millisecond,
+		gapMin: 100 * time.Millisecond, gapMax: 400 * time.Millisecond, restartMax: 1500 * time.Millisecond,
 		cutShare: 0.3, armShare: 0.25, ackWait: 3 * time.Second, deadline: 35 * time.Minute}
 )
 
