@@ -106,9 +106,10 @@ type options struct {
 	// clock dates deliveries, acknowledgements (maxAckDelay) and the
 	// reconnect backoff.
 	clock clock.PassiveClock
-	// fillGap is how long a fill waits for the next delivery (tests
-	// raise it on a loaded machine).
-	fillGap time.Duration
+	// fillClock runs the fill's timers (fillGap, the fill's bound and the
+	// ready count's wait); tests pass a fake one, so that a pause of the
+	// broker on a loaded machine cannot end a fill they look at.
+	fillClock clock.Clock
 }
 
 // WithConnectionName sets the connection name shown by the broker.
@@ -130,7 +131,7 @@ func WithConsumerTag(tag string) Option {
 // New connects to the broker and starts consuming cfg.Queue, which must
 // exist. The URI is read from the environment variable cfg.URIEnv.
 func New(_ context.Context, cfg *config.RabbitMQ, logger logr.Logger, opts ...Option) (*Source, error) {
-	o := options{connectionName: "idc-runtime", heartbeat: 10 * time.Second, clock: clock.RealClock{}, fillGap: fillGap}
+	o := options{connectionName: "idc-runtime", heartbeat: 10 * time.Second, clock: clock.RealClock{}, fillClock: clock.RealClock{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -314,9 +315,9 @@ func (s *Source) fill(ctx context.Context, sess *session, ds []amqp.Delivery, ma
 	// channel not yet received, so it only says that more is coming:
 	// the batch fills to maxN, bounded by the window and the waits.
 	want := maxN
-	until := time.NewTimer(max(fillFor, s.opts.fillGap))
+	until := s.opts.fillClock.NewTimer(max(fillFor, fillGap))
 	defer until.Stop()
-	gap := time.NewTimer(s.opts.fillGap)
+	gap := s.opts.fillClock.NewTimer(fillGap)
 	defer gap.Stop()
 	for {
 		if ds, open = drain(sess.buf, ds, want); !open {
@@ -325,16 +326,16 @@ func (s *Source) fill(ctx context.Context, sess *session, ds []amqp.Delivery, ma
 		if len(ds) >= want || s.windowFull(sess, len(ds)) {
 			return ds, true
 		}
-		gap.Reset(s.opts.fillGap)
+		gap.Reset(fillGap)
 		select {
 		case d, ok := <-sess.buf:
 			if !ok {
 				return ds, false
 			}
 			ds = append(ds, d)
-		case <-gap.C:
+		case <-gap.C():
 			return ds, true
-		case <-until.C:
+		case <-until.C():
 			return ds, true
 		case <-ctx.Done():
 			return ds, true // the caller sees ctx end and leaves them unacked
@@ -378,12 +379,12 @@ func (s *Source) backlog(ctx context.Context, sess *session, wait time.Duration)
 		}
 		ready <- q.Messages
 	}()
-	t := time.NewTimer(max(wait, fillGap))
+	t := s.opts.fillClock.NewTimer(max(wait, fillGap))
 	defer t.Stop()
 	n := 0
 	select {
 	case n = <-ready:
-	case <-t.C:
+	case <-t.C():
 	case <-ctx.Done():
 	}
 	if n == 0 {
