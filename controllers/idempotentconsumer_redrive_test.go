@@ -194,8 +194,15 @@ var _ = Describe("Redrive through the annotation", func() {
 		Eventually(lastRedrive(name), timeout, interval).Should(HaveField("Phase", messagingv1alpha1.RedriveRunning))
 		Eventually(eventReasons(name), timeout, interval).Should(ContainElement(eventRedriveStarted))
 
-		// A new token while t1 runs waits for it.
-		annotate(name, messagingv1alpha1.AnnotationRedrive, "t2", messagingv1alpha1.AnnotationRedriveReason, "")
+		// A new token while t1 runs waits for it. An annotation moves no
+		// generation: the spec changes in the same update, so the pass that
+		// observes the new generation is one that saw t2.
+		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) {
+			idc.Annotations[messagingv1alpha1.AnnotationRedrive] = "t2"
+			idc.Annotations[messagingv1alpha1.AnnotationRedriveReason] = ""
+			idc.Spec.Delivery.MaxAttempts = 7
+		})
+		Eventually(generationObserved(name), timeout, interval).Should(Succeed())
 		Consistently(func() int { return len(redriveJobs(name)) }, 3*time.Second, interval).Should(Equal(1))
 
 		res := playRedriveJob(name, job)
@@ -214,10 +221,12 @@ var _ = Describe("Redrive through the annotation", func() {
 		Expect([]int32{st.Selected, st.Applied, st.Duplicates, st.Stale, st.StillFailing, st.Unusable}).To(Equal([]int32{1, 0, 0, 0, 0, 1}))
 		Expect(countOf(eventReasons(name)(), eventRedriveFinished)).To(Equal(2))
 
-		// The same token again runs nothing, even after its Job is gone.
+		// The same token again runs nothing, even after its Job is gone: a
+		// pass after the Job's deletion (the spec change) observes it.
 		Expect(k8sClient.Delete(ctx, job2, client.PropagationPolicy(metav1.DeletePropagationBackground))).To(Succeed())
-		annotate(name, "touch", "1")
+		Eventually(redriveJobFor(name, "t2"), timeout, interval).Should(BeNil())
 		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) { idc.Spec.Delivery.MaxAttempts = 6 })
+		Eventually(generationObserved(name), timeout, interval).Should(Succeed())
 		Consistently(func() []string {
 			var out []string
 			for _, j := range redriveJobs(name) {

@@ -15,7 +15,10 @@ package metricsauth
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -23,6 +26,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sync/singleflight"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,8 +38,11 @@ import (
 )
 
 // The cache lifetimes are controller-runtime's: an authenticated token for a
-// minute, an allowed request for five, a denied one for thirty seconds (an
-// RBAC grant a person just made shows within that).
+// minute (never past the token's own exp, see tokenExpiry), an allowed
+// request for five, a denied one for thirty seconds (an RBAC grant a person
+// just made shows within that). They are also the revocation delays: a
+// token revoked (its pod or Secret deleted) reads /metrics for up to
+// tokenTTL more, a user whose grant was removed for up to allowTTL.
 const (
 	tokenTTL     = time.Minute
 	badTokenTTL  = 10 * time.Second
@@ -75,6 +82,10 @@ type guard struct {
 	now       func() time.Time
 	users     *ttlCache[*authnv1.UserInfo] // nil: the token was refused
 	decisions *ttlCache[bool]
+	// tokenReviews and accessReviews let one review per cache key run at
+	// a time: concurrent scrapes with one new token (or one user) share
+	// its answer instead of each asking the kube-apiserver.
+	tokenReviews, accessReviews singleflight.Group
 }
 
 func (g *guard) filter(log logr.Logger, next http.Handler) (http.Handler, error) {
@@ -123,24 +134,62 @@ func bearer(req *http.Request) (string, bool) {
 func (g *guard) authenticate(ctx context.Context, token string) (*authnv1.UserInfo, error) {
 	sum := sha256.Sum256([]byte(token)) // the cache never holds a token
 	key := string(sum[:])
-	if user, ok := g.users.get(key, g.now()); ok {
+	now := g.now()
+	if user, ok := g.users.get(key, now); ok {
 		return user, nil
 	}
-	var review *authnv1.TokenReview
-	err := withRetry(ctx, func(ctx context.Context) (err error) {
-		review, err = g.tokens.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
-		return err
+	return shared(ctx, &g.tokenReviews, key, func(ctx context.Context) (*authnv1.UserInfo, error) {
+		// A review that ended after this caller missed the cache answered.
+		if user, ok := g.users.get(key, now); ok {
+			return user, nil
+		}
+		var review *authnv1.TokenReview
+		err := withRetry(ctx, func(ctx context.Context) (err error) {
+			review, err = g.tokens.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("while reviewing the token: %w", err)
+		}
+		if !review.Status.Authenticated {
+			g.users.put(key, nil, now, badTokenTTL)
+			return nil, nil
+		}
+		user := review.Status.User
+		ttl := tokenTTL
+		if exp, ok := tokenExpiry(token); ok {
+			ttl = min(ttl, exp.Sub(now))
+		}
+		if ttl > 0 {
+			g.users.put(key, &user, now, ttl)
+		}
+		return &user, nil
 	})
+}
+
+// tokenExpiry reads the exp claim of a JWT without verifying it, only to
+// bound how long the token's review is believed: a TokenReview's status
+// carries no expiry. It is read after the kube-apiserver authenticated the
+// token, whose signature covers exp (ServiceAccount and OIDC tokens), and it
+// can only shorten the cache lifetime, never extend it. A token that is no
+// JWT (a static token, an opaque webhook token) has none: tokenTTL applies.
+func tokenExpiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
 	if err != nil {
-		return nil, fmt.Errorf("while reviewing the token: %w", err)
+		return time.Time{}, false
 	}
-	if !review.Status.Authenticated {
-		g.users.put(key, nil, g.now(), badTokenTTL)
-		return nil, nil
+	var claims struct {
+		Exp *float64 `json:"exp"` // NumericDate: seconds, maybe fractional
 	}
-	user := review.Status.User
-	g.users.put(key, &user, g.now(), tokenTTL)
-	return &user, nil
+	if err := json.Unmarshal(payload, &claims); err != nil || claims.Exp == nil {
+		return time.Time{}, false
+	}
+	sec, frac := math.Modf(*claims.Exp)
+	return time.Unix(int64(sec), int64(frac*1e9)), true
 }
 
 // authorize asks whether the user may use verb on the non-resource path.
@@ -150,31 +199,53 @@ func (g *guard) authorize(ctx context.Context, user *authnv1.UserInfo, verb, pat
 	if len(user.Extra) > 0 {
 		key += fmt.Sprintf("\x00%v", user.Extra) // fmt sorts map keys
 	}
-	if allowed, ok := g.decisions.get(key, g.now()); ok {
+	now := g.now()
+	if allowed, ok := g.decisions.get(key, now); ok {
 		return allowed, nil
 	}
-	extra := make(map[string]authzv1.ExtraValue, len(user.Extra))
-	for k, v := range user.Extra {
-		extra[k] = authzv1.ExtraValue(v)
-	}
-	var review *authzv1.SubjectAccessReview
-	err := withRetry(ctx, func(ctx context.Context) (err error) {
-		review, err = g.access.Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
-			NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: verb},
-		}}, metav1.CreateOptions{})
-		return err
+	return shared(ctx, &g.accessReviews, key, func(ctx context.Context) (bool, error) {
+		if allowed, ok := g.decisions.get(key, now); ok {
+			return allowed, nil
+		}
+		extra := make(map[string]authzv1.ExtraValue, len(user.Extra))
+		for k, v := range user.Extra {
+			extra[k] = authzv1.ExtraValue(v)
+		}
+		var review *authzv1.SubjectAccessReview
+		err := withRetry(ctx, func(ctx context.Context) (err error) {
+			review, err = g.access.Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+				User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
+				NonResourceAttributes: &authzv1.NonResourceAttributes{Path: path, Verb: verb},
+			}}, metav1.CreateOptions{})
+			return err
+		})
+		if err != nil {
+			return false, fmt.Errorf("while reviewing access to %s %s: %w", verb, path, err)
+		}
+		allowed := review.Status.Allowed && !review.Status.Denied
+		ttl := denyTTL
+		if allowed {
+			ttl = allowTTL
+		}
+		g.decisions.put(key, allowed, now, ttl)
+		return allowed, nil
 	})
-	if err != nil {
-		return false, fmt.Errorf("while reviewing access to %s %s: %w", verb, path, err)
+}
+
+// shared runs review once for all the callers that ask for key while it
+// runs. It runs without the first caller's cancellation (a scraper that
+// hangs up must not fail the others; withRetry bounds it), and each caller
+// stops waiting when its own request ends.
+func shared[V any](ctx context.Context, group *singleflight.Group, key string, review func(context.Context) (V, error)) (V, error) {
+	done := group.DoChan(key, func() (any, error) { return review(context.WithoutCancel(ctx)) })
+	select {
+	case r := <-done:
+		v, _ := r.Val.(V)
+		return v, r.Err
+	case <-ctx.Done():
+		var zero V
+		return zero, ctx.Err()
 	}
-	allowed := review.Status.Allowed && !review.Status.Denied
-	ttl := denyTTL
-	if allowed {
-		ttl = allowTTL
-	}
-	g.decisions.put(key, allowed, g.now(), ttl)
-	return allowed, nil
 }
 
 // withRetry runs call with a timeout, retrying a failed call on the

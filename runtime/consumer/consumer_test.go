@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -119,8 +120,9 @@ func (r *running) stop(t *testing.T) {
 	}
 }
 
-// waitSettled waits until every message was acked; unacked in-flight
-// messages are redelivered now and then, as a broker's ack timeout would.
+// waitSettled waits until every message was acked. It redelivers nothing:
+// a source that loses acks gives the batch back itself (refusingAcks), so a
+// message still in flight at the timeout is one the consumer lost.
 func waitSettled(t *testing.T, src *fakeSource, total int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -131,17 +133,29 @@ func waitSettled(t *testing.T, src *fakeSource, total int, timeout time.Duration
 			t.Fatalf("not settled after %s: pending %d, in flight %d, acked %d of %d",
 				timeout, len(src.pending), len(src.inflight), len(src.acked), total)
 		}
-		time.Sleep(100 * time.Millisecond)
-		src.mu.Lock()
-		idle := len(src.pending) == 0 && len(src.inflight) > 0
-		src.mu.Unlock()
-		if idle {
-			time.Sleep(300 * time.Millisecond)
-			if !src.settled(total) {
-				src.redeliver()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// refusingAcks is the fake broker whose refused Ack gives the batch back at
+// once, as a broker redelivers an unacknowledged batch (after its ack
+// timeout, or when the channel that held it closes): the consumer never
+// acknowledges a batch again after its Ack failed.
+type refusingAcks struct{ *fakeSource }
+
+func (r refusingAcks) Ack(ctx context.Context, msgs []source.Message) error {
+	err := r.fakeSource.Ack(ctx, msgs)
+	if errors.Is(err, errAckRefused) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, m := range msgs {
+			if _, ok := r.inflight[m.NativeID]; ok {
+				delete(r.inflight, m.NativeID)
+				r.pending = append(r.pending, m)
 			}
 		}
 	}
+	return err
 }
 
 // assertExactlyOnce checks that the sink holds exactly one effect per id.
@@ -175,7 +189,7 @@ func TestDuplicatesGiveExactlyOneEffect(t *testing.T) {
 			src := newFakeSource(withDuplicates(total, unique))
 			src.ackErrs = 2 // two batches must be redelivered after a lost ack
 			m := newMetrics(t)
-			r := start(t, src, pool, cfg, m)
+			r := start(t, refusingAcks{src}, pool, cfg, m)
 			waitSettled(t, src, total, time.Minute)
 			r.stop(t)
 			assertExactlyOnce(t, pool, unique)

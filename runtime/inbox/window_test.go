@@ -3,9 +3,11 @@ package inbox
 import (
 	"context"
 	"errors"
-	"sync"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -74,45 +76,80 @@ func TestUpdateWindowStoresAndLeavesUnchanged(t *testing.T) {
 }
 
 // Two first writers both find no row, which FOR UPDATE cannot lock: the
-// advisory lock must make them take turns, or one increment is lost.
+// advisory lock must make them take turns, or one increment is lost. The
+// first writer holds its transaction open, having read no row, until the
+// second is seen either waiting in PostgreSQL for the advisory lock (it
+// serializes them) or reading the state itself (it does not): the two
+// transactions overlap every time, not only when the scheduler lets them.
 func TestUpdateWindowSerializesFirstWriters(t *testing.T) {
 	ctx := context.Background()
 	s, pool := migrated(t, config.LayoutTable)
-	const writers = 8
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	errs := make(chan error, writers)
-	for range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start.Wait()
-			_, err := s.UpdateWindow(ctx, func(cur *WindowState) (*WindowState, error) {
-				next := &WindowState{Window: time.Millisecond, InputsHash: "n", Source: "Declared", DerivedFrom: "test", AdoptedAt: time.Now()}
-				if cur != nil {
-					next.Window = cur.Window + time.Millisecond
-				}
-				// Widen the race between reading and writing.
-				time.Sleep(20 * time.Millisecond)
-				return next, nil
-			})
-			errs <- err
-		}()
-	}
-	start.Done()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
+	increment := func(cur *WindowState) *WindowState {
+		next := &WindowState{Window: time.Millisecond, InputsHash: "n", Source: "Declared", DerivedFrom: "test", AdoptedAt: time.Now()}
+		if cur != nil {
+			next.Window = cur.Window + time.Millisecond
 		}
+		return next
+	}
+	firstRead := make(chan struct{})
+	secondRead := make(chan *WindowState, 1)
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.UpdateWindow(ctx, func(cur *WindowState) (*WindowState, error) {
+			if cur != nil {
+				return nil, fmt.Errorf("the first writer found %+v, want no row", cur)
+			}
+			close(firstRead)
+			return increment(cur), waitForSecondWriter(ctx, pool, secondRead)
+		})
+		first <- err
+	}()
+	<-firstRead
+	_, err := s.UpdateWindow(ctx, func(cur *WindowState) (*WindowState, error) {
+		secondRead <- cur
+		return increment(cur), nil
+	})
+	if err != nil {
+		t.Fatalf("second writer: %v", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first writer: %v", err)
 	}
 	st, err := s.ReadWindow(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Window != writers*time.Millisecond {
-		t.Fatalf("window %s after %d serialized increments, want %s", st.Window, writers, writers*time.Millisecond)
+	if st.Window != 2*time.Millisecond {
+		t.Fatalf("window %s after two overlapping first writers, want 2ms: the second read the state before the first stored it", st.Window)
 	}
-	_ = pool
+}
+
+// waitForSecondWriter returns once the second writer waits for the window
+// lock (pg_locks shows the advisory lock (lockKey, windowLockClass) not
+// granted in this database) or has read the state (the lock did not hold
+// it back; the caller's check then fails).
+func waitForSecondWriter(ctx context.Context, pool *pgxpool.Pool, secondRead <-chan *WindowState) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	guard := time.NewTimer(time.Minute)
+	defer guard.Stop()
+	for {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted
+			AND l.objid = $1 AND l.objsubid = 2)`, windowLockClass).Scan(&waiting)
+		if err != nil {
+			return fmt.Errorf("while looking for the second writer in pg_locks: %w", err)
+		}
+		if waiting {
+			return nil
+		}
+		select {
+		case cur := <-secondRead:
+			return fmt.Errorf("the second writer read %+v while the first had not committed: the window lock did not hold it back", cur)
+		case <-guard.C:
+			return errors.New("the second writer neither waited for the window lock nor read the state within a minute")
+		case <-tick.C:
+		}
+	}
 }

@@ -239,16 +239,16 @@ func closeConnection(t *testing.T, s *Source, name string) {
 		_ = conn.Close()
 		return
 	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	pid := connectionPID(t, name)
 	out, err := exec.CommandContext(t.Context(), "rabbitmqctl", "-q", "close_connection", pid, "idc test").CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
 	}
-	for end := time.Now().Add(10 * time.Second); !conn.IsClosed(); {
-		if time.Now().After(end) {
-			t.Fatal("the client did not notice the closed connection")
-		}
-		time.Sleep(20 * time.Millisecond)
+	select {
+	case <-closed:
+	case <-time.After(fetchGuard):
+		t.Fatalf("the client did not notice the closed connection in %s", fetchGuard)
 	}
 }
 
@@ -388,10 +388,45 @@ func (f *fixture) publishN(t *testing.T, prefix string, n int) {
 	f.publish(t, out)
 }
 
-// withFillGap raises the wait for each next delivery of a fill: on a
-// loaded machine the broker pauses for tens of milliseconds mid-backlog,
-// which ends a fill early (correct, but not what these tests look at).
-func withFillGap(d time.Duration) Option { return func(o *options) { o.fillGap = d } }
+// withStillFillClock runs the fill's timers on a fake clock the test never
+// moves: with the shipped fillGap, a broker that pauses for tens of
+// milliseconds mid-backlog on a loaded machine ends a fill early (correct,
+// but not what these tests look at). A fill that should return at once
+// and waits on a timer instead never returns: fetchAtOnce fails it.
+func withStillFillClock() Option {
+	return func(o *options) { o.fillClock = clocktesting.NewFakeClock(time.Now()) }
+}
+
+// fetchGuard only turns a Fetch that waits on the still fill clock (which
+// never fires) into a failure.
+const fetchGuard = time.Minute
+
+// fetchAtOnce runs Fetch and fails the test if it is still waiting after
+// fetchGuard.
+func fetchAtOnce(t *testing.T, s *Source, maxN int, maxWait time.Duration, what string) []source.Message {
+	t.Helper()
+	type fetched struct {
+		msgs []source.Message
+		err  error
+	}
+	done := make(chan fetched, 1)
+	go func() {
+		msgs, err := s.Fetch(t.Context(), maxN, maxWait)
+		done <- fetched{msgs, err}
+	}()
+	guard := time.NewTimer(fetchGuard)
+	defer guard.Stop()
+	select {
+	case f := <-done:
+		if f.err != nil {
+			t.Fatal(f.err)
+		}
+		return f.msgs
+	case <-guard.C:
+		t.Fatalf("%s: Fetch has not returned after %s; it waits on a fill timer", what, fetchGuard)
+		return nil
+	}
+}
 
 // TestFetchFillsFromBacklog: with a backlog in the queue (more than the
 // prefetch window, so the broker holds messages ready), one Fetch returns
@@ -403,11 +438,8 @@ func TestFetchFillsFromBacklog(t *testing.T) {
 	f.publishN(t, "m", 6000)
 	cfg := f.cfg()
 	cfg.Prefetch = 3000
-	s := newSource(t, cfg, withFillGap(time.Second))
-	msgs, err := s.Fetch(t.Context(), 2000, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newSource(t, cfg, withStillFillClock())
+	msgs := fetchAtOnce(t, s, 2000, 2*time.Second, "a backlog of 6000")
 	if len(msgs) != 2000 {
 		t.Fatalf("Fetch of 2000 from a backlog of 6000 (prefetch 3000) returned %d", len(msgs))
 	}
@@ -417,23 +449,18 @@ func TestFetchFillsFromBacklog(t *testing.T) {
 }
 
 // TestFetchReturnsALoneMessageAtOnce: caught up (nothing ready in the
-// queue), a Fetch returns the message that came without waiting for more.
+// queue), a Fetch returns the message that came without waiting for more:
+// with the fill's clock still, a Fetch that waited for more would never
+// return.
 func TestFetchReturnsALoneMessageAtOnce(t *testing.T) {
 	f := newFixture(t, nil)
 	cfg := f.cfg()
 	cfg.Prefetch = 3000
-	s := newSource(t, cfg, withFillGap(time.Second))
-	done := make(chan []source.Message, 1)
-	go func() {
-		m, _ := s.Fetch(t.Context(), 2000, 5*time.Second)
-		done <- m
-	}()
-	time.Sleep(100 * time.Millisecond)
-	start := time.Now()
+	s := newSource(t, cfg, withStillFillClock())
 	f.publish(t, outgoing("lone"))
-	lone := <-done
-	if took := time.Since(start); len(lone) != 1 || took > 900*time.Millisecond {
-		t.Fatalf("a lone message: %d deliveries after %s (want 1, before the fill gap of 1s)", len(lone), took)
+	lone := fetchAtOnce(t, s, 2000, 30*time.Second, "a lone message")
+	if len(lone) != 1 {
+		t.Fatalf("a lone message: %d deliveries, want 1", len(lone))
 	}
 	if err := s.Ack(t.Context(), lone); err != nil {
 		t.Fatal(err)
@@ -443,20 +470,17 @@ func TestFetchReturnsALoneMessageAtOnce(t *testing.T) {
 // TestFetchFillsUpToThePrefetchWindow: when the prefetch window is smaller
 // than the batch, Fetch returns the whole window as soon as it is in hand
 // (nothing more arrives before an ack), not a part of it and not after
-// waiting.
+// waiting: with the fill's clock still, a Fetch that waited would never
+// return.
 func TestFetchFillsUpToThePrefetchWindow(t *testing.T) {
 	f := newFixture(t, nil)
 	f.publishN(t, "w", 1000)
 	cfg := f.cfg()
 	cfg.Prefetch = 100
-	s := newSource(t, cfg, withFillGap(time.Second))
-	start := time.Now()
-	msgs, err := s.Fetch(t.Context(), 500, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if took := time.Since(start); len(msgs) != 100 || took > 900*time.Millisecond {
-		t.Fatalf("Fetch of 500 with a prefetch of 100 and a backlog of 1000: %d deliveries after %s, want 100 at once", len(msgs), took)
+	s := newSource(t, cfg, withStillFillClock())
+	msgs := fetchAtOnce(t, s, 500, 2*time.Second, "a prefetch window of 100")
+	if len(msgs) != 100 {
+		t.Fatalf("Fetch of 500 with a prefetch of 100 and a backlog of 1000: %d deliveries, want the window of 100", len(msgs))
 	}
 	if err := s.Ack(t.Context(), msgs); err != nil {
 		t.Fatal(err)
