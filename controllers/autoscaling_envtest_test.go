@@ -24,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/internal/testenv"
 )
 
@@ -138,7 +139,7 @@ func (e *kedaEnv) pass(name string) {
 func (e *kedaEnv) read(gvkKind string, name string) *unstructured.Unstructured {
 	e.t.Helper()
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(gvkScaledObject.GroupVersion().WithKind(gvkKind))
+	u.SetGroupVersionKind(specs.GVKScaledObject.GroupVersion().WithKind(gvkKind))
 	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, u); err != nil {
 		e.t.Fatalf("reading %s %s: %v", gvkKind, name, err)
 	}
@@ -244,7 +245,7 @@ func TestKEDAObjectsPerSourceKindAgainstKEDAsCRDs(t *testing.T) {
 			}
 			if c.auth == nil {
 				ta := &unstructured.Unstructured{}
-				ta.SetGroupVersionKind(gvkTriggerAuthentication)
+				ta.SetGroupVersionKind(specs.GVKTriggerAuthentication)
 				if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: c.name + "-keda"}, ta); err == nil {
 					t.Errorf("a TriggerAuthentication exists for a scaler that needs no Secret")
 				}
@@ -335,7 +336,7 @@ func TestDeploymentReplicasLeftToTheAutoscaler(t *testing.T) {
 		t.Fatalf("autoscaling off: replicas %v (owned by the controller: %v), want 2 and owned", ptr.Deref(d.Spec.Replicas, -1), ownsReplicas(d.ManagedFields, string(fieldOwner)))
 	}
 	so := &unstructured.Unstructured{}
-	so.SetGroupVersionKind(gvkScaledObject)
+	so.SetGroupVersionKind(specs.GVKScaledObject)
 	err := e.c.Get(ctx, key, so)
 	if err == nil && so.GetDeletionTimestamp() == nil {
 		t.Fatal("autoscaling off: the ScaledObject is still there")

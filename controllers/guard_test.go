@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -86,7 +87,7 @@ func TestHTTPDenyNetworksRendered(t *testing.T) {
 	h.r.opts.HTTPDenyNetworks = DefaultHTTPDenyNetworks
 	h.pass()
 	var cm corev1.ConfigMap
-	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: configMapName(idc)}, &cm); err != nil {
+	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: specs.ConfigMapName(idc)}, &cm); err != nil {
 		t.Fatal(err)
 	}
 	var cfg config.Config

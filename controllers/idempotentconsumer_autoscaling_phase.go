@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // autoscalingPhase renders the ScaledObject and TriggerAuthentication when
@@ -34,7 +35,7 @@ func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Resul
 		return ctrl.Result{}, nil
 	}
 	paused := idc.Spec.Suspend || !s.obs.effect.ok
-	so, ta, err := renderScaledObject(idc, s.rc, paused)
+	so, ta, err := specs.ScaledObject(idc, &s.rc.RuntimeConfig, paused)
 	if err != nil {
 		s.obs.autoscaling = failed(messagingv1alpha1.ReasonInvalidSpec, err.Error())
 		return ctrl.Result{}, nil
@@ -64,8 +65,8 @@ func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Resul
 func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, paused bool) error {
 	idc := s.idc
 	live := &unstructured.Unstructured{}
-	live.SetGroupVersionKind(gvkScaledObject)
-	if err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: deploymentName(idc)}, live); err != nil {
+	live.SetGroupVersionKind(specs.GVKScaledObject)
+	if err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: specs.DeploymentName(idc)}, live); err != nil {
 		return fmt.Errorf("reading the ScaledObject back: %w", err)
 	}
 	ready, active := scaledObjectConditions(live)
@@ -76,7 +77,7 @@ func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv
 		s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA: "+ready.message)
 	default:
 		s.obs.autoscaling = okOutcome(messagingv1alpha1.ReasonScaledByKEDA,
-			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", a.MinReplicasOrDefault(), a.MaxReplicas, lagPerReplica(idc, s.rc)))
+			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", a.MinReplicasOrDefault(), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig)))
 	}
 	desired := s.liveReplicas
 	var why string
@@ -84,14 +85,14 @@ func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv
 		why = "held at 0 by the ScaledObject's paused-replicas (spec.suspend, or EffectReady False)"
 	} else {
 		var hpa autoscalingv2.HorizontalPodAutoscaler
-		err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: kedaHPAPrefix + deploymentName(idc)}, &hpa)
+		err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: kedaHPAPrefix + specs.DeploymentName(idc)}, &hpa)
 		switch {
 		case apierrors.IsNotFound(err):
 			why = "KEDA has not created its HorizontalPodAutoscaler yet"
 		case err != nil:
 			return fmt.Errorf("reading KEDA's HorizontalPodAutoscaler: %w", err)
 		default:
-			why = hpaReason(&hpa, a, lagPerReplica(idc, s.rc), active)
+			why = hpaReason(&hpa, a, specs.LagPerReplica(idc, &s.rc.RuntimeConfig), active)
 		}
 	}
 	s.setScale(desired, why)
@@ -146,7 +147,7 @@ func (r *Reconciler) removeScaledObject(ctx context.Context, s *scope) error {
 		return nil
 	}
 	so := &unstructured.Unstructured{}
-	so.SetGroupVersionKind(gvkScaledObject)
+	so.SetGroupVersionKind(specs.GVKScaledObject)
 	so.SetNamespace(s.idc.Namespace)
 	so.SetName(s.before.Status.Runtime.ScaledObject)
 	for _, obj := range []client.Object{so, emptyTriggerAuth(s.idc)} {
@@ -171,9 +172,9 @@ func (r *Reconciler) removeScaledObject(ctx context.Context, s *scope) error {
 
 func emptyTriggerAuth(idc *messagingv1alpha1.IdempotentConsumer) *unstructured.Unstructured {
 	ta := &unstructured.Unstructured{}
-	ta.SetGroupVersionKind(gvkTriggerAuthentication)
+	ta.SetGroupVersionKind(specs.GVKTriggerAuthentication)
 	ta.SetNamespace(idc.Namespace)
-	ta.SetName(triggerAuthName(idc))
+	ta.SetName(specs.TriggerAuthName(idc))
 	return ta
 }
 

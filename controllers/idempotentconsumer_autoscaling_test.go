@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
@@ -108,7 +109,7 @@ func TestScaledObjectShape(t *testing.T) {
 	idc.Spec.Runtime.Autoscaling.PollingInterval = "1500ms"
 	idc.Spec.Runtime.Autoscaling.ScaleDownStabilization = "10s"
 	rc := mustRender(t, idc)
-	so, ta, err := renderScaledObject(idc, rc, false)
+	so, ta, err := specs.ScaledObject(idc, rc, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func TestScaledObjectShape(t *testing.T) {
 	if so.GetAnnotations()["autoscaling.keda.sh/paused-replicas"] != "" {
 		t.Errorf("not paused, yet annotated %v", so.GetAnnotations())
 	}
-	paused, _, _ := renderScaledObject(idc, rc, true)
+	paused, _, _ := specs.ScaledObject(idc, rc, true)
 	if paused.GetAnnotations()["autoscaling.keda.sh/paused-replicas"] != "0" {
 		t.Errorf("paused: annotations %v, want paused-replicas 0", paused.GetAnnotations())
 	}

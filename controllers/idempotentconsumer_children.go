@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // childrenPhase applies the ConfigMap, Deployment and CronJob and reads the
@@ -31,7 +32,7 @@ import (
 func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	idc, rc := s.idc, s.rc
 	image := runtimeImageFor(idc, r.opts.RuntimeImage)
-	dep := renderDeployment(idc, rc, image, s.secrets.hash)
+	dep := specs.Deployment(idc, &rc.RuntimeConfig, image, s.secrets.hash)
 	if a := autoscaled(idc); a != nil {
 		installed, err := r.opts.KEDA.Installed(ctx)
 		if err != nil {
@@ -44,7 +45,7 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 		// Nothing may be fetched until the sink can take the effect.
 		dep.Spec.Replicas = ptr.To(int32(0))
 	}
-	for _, obj := range []client.Object{renderConfigMap(idc, rc), dep, renderCronJob(idc, rc, image, s.secrets.hash, s.window)} {
+	for _, obj := range []client.Object{specs.ConfigMap(idc, &rc.RuntimeConfig), dep, specs.PruneCronJob(idc, &rc.RuntimeConfig, image, s.secrets.hash, s.window)} {
 		if err := r.apply(ctx, idc, obj); err != nil {
 			// A child another owner holds, or one the API server refused
 			// as invalid, stalls; nothing after it runs.
@@ -59,7 +60,7 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 		return ctrl.Result{}, fmt.Errorf("reading the Deployment back: %w", err)
 	}
 	idc.Status.Runtime = &messagingv1alpha1.RuntimeStatus{
-		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: selectorFor(idc),
+		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: specs.Selector(idc),
 	}
 	if live.Spec.Replicas != nil {
 		s.liveReplicas = *live.Spec.Replicas
@@ -101,7 +102,7 @@ func scaleReasonDeclared(idc *messagingv1alpha1.IdempotentConsumer, effectOK boo
 	case !effectOK:
 		return "held at 0 until EffectReady is True"
 	}
-	return fmt.Sprintf("spec.runtime.replicas: %d", desiredReplicas(idc))
+	return fmt.Sprintf("spec.runtime.replicas: %d", specs.DesiredReplicas(idc))
 }
 
 func runtimeOutcome(idc *messagingv1alpha1.IdempotentConsumer, d *appsv1.Deployment) outcome {
@@ -119,7 +120,7 @@ func runtimeOutcome(idc *messagingv1alpha1.IdempotentConsumer, d *appsv1.Deploym
 }
 
 func pruneOutcome(idc *messagingv1alpha1.IdempotentConsumer, window time.Duration) outcome {
-	if suspended, why := pruneSuspended(idc, window); suspended {
+	if suspended, why := specs.PruneSuspended(idc, window); suspended {
 		reason := messagingv1alpha1.ReasonWaitingForWindow
 		if idc.Spec.Retention.Prune.Suspend {
 			reason = messagingv1alpha1.ReasonPruneSuspended

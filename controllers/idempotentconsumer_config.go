@@ -9,6 +9,7 @@ import (
 	"time"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -32,42 +33,32 @@ const (
 	envEmitKafkaPass = "IDC_EMIT_KAFKA_SASL_PASSWORD"
 	envEmitAMQPURI   = "IDC_EMIT_RABBITMQ_URI"
 	envEmitRedisPass = "IDC_EMIT_REDIS_PASSWORD"
-
-	healthPort = 8080
 )
 
-// secretEnv is one credential: the env var the runtime reads and the Secret
-// key it comes from.
-type secretEnv struct {
-	Env string
-	Ref messagingv1alpha1.SecretKeyRef
-}
-
-// renderedConfig is the runtime configuration and the credentials it needs.
+// renderedConfig is the runtime configuration and the credentials it
+// needs, as the children carry them (specs.RuntimeConfig), with what the
+// phases change of it after rendering (the inbox's epoch, the manager's
+// http deny list).
 type renderedConfig struct {
-	Config  *config.Config
-	Secrets []secretEnv
-	// JSON is the config as the pod reads it; Hash rolls the pods on change.
-	JSON []byte
-	Hash string
+	specs.RuntimeConfig
 }
 
 // renderConfig turns the spec into the runtime config. It is pure: the same
 // resource always renders the same bytes, so the hash only moves on a change.
 func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, error) {
 	s := &idc.Spec
-	var secrets []secretEnv
+	var secrets []specs.SecretEnv
 	addSecret := func(env string, ref *messagingv1alpha1.SecretKeyRef) string {
 		if ref == nil {
 			return ""
 		}
-		secrets = append(secrets, secretEnv{Env: env, Ref: *ref})
+		secrets = append(secrets, specs.SecretEnv{Env: env, Ref: *ref})
 		return env
 	}
 	cfg := &config.Config{
 		Version:    config.Version,
 		Name:       idc.Namespace + "/" + idc.Name,
-		HealthAddr: fmt.Sprintf(":%d", healthPort),
+		HealthAddr: fmt.Sprintf(":%d", specs.HealthPort),
 		Source:     renderSource(s.Source, addSecret),
 		Message:    renderMessage(s.Message),
 		Sink: config.Sink{
@@ -111,7 +102,7 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rendering the runtime config: %w", err)
 	}
-	rc := &renderedConfig{Config: cfg, Secrets: secrets}
+	rc := &renderedConfig{specs.RuntimeConfig{Config: cfg, Secrets: secrets}}
 	if err := rc.encode(); err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // FinalizerDropInbox guards the inbox tables of a resource whose
@@ -33,13 +34,6 @@ const FinalizerDropInbox = "messaging.idempotency.dev/drop-inbox"
 
 // fieldOwner is the server-side apply field manager of rendered children.
 const fieldOwner = client.FieldOwner("idc-operator")
-
-// managedBy is the label every rendered child carries; the manager caches
-// only the children that carry it.
-const (
-	labelManagedBy = "app.kubernetes.io/managed-by"
-	managedBy      = "idc-operator"
-)
 
 // Options configures the reconciler.
 type Options struct {
@@ -242,7 +236,7 @@ func (r *Reconciler) recheck() ctrl.Result {
 // object keeps its managedFields (nothing here reads them; with
 // server-side apply they are often the largest part of an object).
 func CacheOptions(namespaces map[string]cache.Config) cache.Options {
-	mine := labels.SelectorFromSet(labels.Set{labelManagedBy: managedBy})
+	mine := labels.SelectorFromSet(labels.Set{specs.LabelManagedBy: specs.ManagedBy})
 	byObject := map[client.Object]cache.ByObject{}
 	for _, obj := range []client.Object{&corev1.ConfigMap{}, &appsv1.Deployment{}, &batchv1.CronJob{}, &batchv1.Job{},
 		&policyv1.PodDisruptionBudget{}, &networkingv1.NetworkPolicy{}} {

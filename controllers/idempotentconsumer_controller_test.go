@@ -24,6 +24,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -319,13 +320,13 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		Expect(dsn.Value).To(BeEmpty(), "credentials must come from secretKeyRef, never inline")
 		Expect(dsn.ValueFrom.SecretKeyRef.Name).To(Equal(secret))
 		Expect(dsn.ValueFrom.SecretKeyRef.Key).To(Equal("dsn"))
-		Expect(d.Spec.Template.Annotations).To(HaveKey(AnnotationConfigHash))
-		Expect(d.Spec.Template.Annotations).To(HaveKey(AnnotationSecretsHash))
+		Expect(d.Spec.Template.Annotations).To(HaveKey(specs.AnnotationConfigHash))
+		Expect(d.Spec.Template.Annotations).To(HaveKey(specs.AnnotationSecretsHash))
 
 		var cm corev1.ConfigMap
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: name + "-runtime"}, &cm)).To(Succeed())
-		Expect(cm.Data[configKey]).To(ContainSubstring(`"dsnEnv":"IDC_POSTGRES_DSN"`))
-		Expect(cm.Data[configKey]).NotTo(ContainSubstring("postgres://"), "the DSN must not be in the ConfigMap")
+		Expect(cm.Data[specs.ConfigKey]).To(ContainSubstring(`"dsnEnv":"IDC_POSTGRES_DSN"`))
+		Expect(cm.Data[specs.ConfigKey]).NotTo(ContainSubstring("postgres://"), "the DSN must not be in the ConfigMap")
 
 		cj := cronJob(name)
 		Expect(cj.Spec.Schedule).To(Equal("*/30 * * * *"))
@@ -371,16 +372,16 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 
 	It("rolls the pods on a spec change and on Secret rotation, and scales to 0 on suspend", func() {
 		create(newConsumer(name, stream, secret))
-		Eventually(podAnnotation(name, AnnotationConfigHash), timeout, interval).ShouldNot(BeEmpty())
-		configHash := deployment(name).Spec.Template.Annotations[AnnotationConfigHash]
-		secretsHash := deployment(name).Spec.Template.Annotations[AnnotationSecretsHash]
+		Eventually(podAnnotation(name, specs.AnnotationConfigHash), timeout, interval).ShouldNot(BeEmpty())
+		configHash := deployment(name).Spec.Template.Annotations[specs.AnnotationConfigHash]
+		secretsHash := deployment(name).Spec.Template.Annotations[specs.AnnotationSecretsHash]
 
 		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) { idc.Spec.Delivery.BatchSize = 1000 })
-		Eventually(podAnnotation(name, AnnotationConfigHash), timeout, interval).ShouldNot(Equal(configHash))
-		Expect(deployment(name).Spec.Template.Annotations[AnnotationSecretsHash]).To(Equal(secretsHash))
+		Eventually(podAnnotation(name, specs.AnnotationConfigHash), timeout, interval).ShouldNot(Equal(configHash))
+		Expect(deployment(name).Spec.Template.Annotations[specs.AnnotationSecretsHash]).To(Equal(secretsHash))
 
 		setSecretData(secret, map[string]string{"dsn": testDSN + "&application_name=rotated"})
-		Eventually(podAnnotation(name, AnnotationSecretsHash), timeout, interval).ShouldNot(Equal(secretsHash))
+		Eventually(podAnnotation(name, specs.AnnotationSecretsHash), timeout, interval).ShouldNot(Equal(secretsHash))
 
 		update(name, func(idc *messagingv1alpha1.IdempotentConsumer) { idc.Spec.Suspend = true })
 		Eventually(func() int32 { return *deployment(name).Spec.Replicas }, timeout, interval).Should(Equal(int32(0)))
@@ -398,7 +399,7 @@ var _ = Describe("a JetStream -> PostgreSQL upsert consumer", func() {
 		// CronJob carries both the secrets hash and the window in force, in
 		// one write: once its hash moved, its --window is that pass's.
 		cronHash := func() string {
-			return cronJob(name).Spec.JobTemplate.Spec.Template.Annotations[AnnotationSecretsHash]
+			return cronJob(name).Spec.JobTemplate.Spec.Template.Annotations[specs.AnnotationSecretsHash]
 		}
 		nudge := func() {
 			was := cronHash()

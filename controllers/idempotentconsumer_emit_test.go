@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -32,7 +33,10 @@ func TestRenderEmitPassesCredentialsAsSecretEnv(t *testing.T) {
 		t.Errorf("emit env names %q / %q, want %q / %q", e.NATSJetStream.CredentialsEnv, e.NATSJetStream.TLS.CAEnv, envEmitNATSCreds, envEmitTLSCA)
 	}
 	env := map[string]string{}
-	for _, v := range secretEnvVars(rc) {
+	for _, v := range specs.Deployment(idc, &rc.RuntimeConfig, "idc-runtime", "").Spec.Template.Spec.Containers[0].Env {
+		if v.Name == "POD_NAME" {
+			continue
+		}
 		if v.ValueFrom == nil || v.ValueFrom.SecretKeyRef == nil || v.Value != "" {
 			t.Fatalf("env %s is not a secretKeyRef: %+v", v.Name, v)
 		}
@@ -82,8 +86,8 @@ func TestRenderEmitTargetsSecretEnv(t *testing.T) {
 			t.Errorf("%s: target %q", name, rc.Config.Emit.Target())
 		}
 		got := map[string]string{}
-		for _, v := range secretEnvVars(rc) {
-			got[v.Name] = v.ValueFrom.SecretKeyRef.Name
+		for _, s := range rc.Secrets {
+			got[s.Env] = s.Ref.Name
 		}
 		for env, secret := range tc.env {
 			if got[env] != secret {

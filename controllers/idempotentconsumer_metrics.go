@@ -13,6 +13,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // The manager's per-resource state metrics, in the style of
@@ -114,7 +115,7 @@ func collectResource(ch chan<- prometheus.Metric, idc *messagingv1alpha1.Idempot
 	for _, c := range idc.Status.Conditions {
 		gauge(descCondition, 1, c.Type, string(c.Status), c.Reason)
 	}
-	desired := desiredReplicas(idc)
+	desired := specs.DesiredReplicas(idc)
 	if rt := idc.Status.Runtime; idc.Spec.Runtime.Autoscaling != nil && rt != nil && rt.DesiredReplicas != nil {
 		desired = *rt.DesiredReplicas
 	}

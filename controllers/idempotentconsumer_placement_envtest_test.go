@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 var _ = Describe("pod placement and resources", func() {
@@ -63,10 +64,10 @@ var _ = Describe("pod placement and resources", func() {
 			"CronJob":    cronJob(name).Spec.JobTemplate.Spec.Template.Spec,
 		} {
 			By(kind)
-			Expect(spec.NodeSelector).To(Equal(coreNodeSelector(idc.Spec.Runtime.NodeSelector)), kind)
-			Expect(spec.Affinity).To(Equal(coreAffinity(idc.Spec.Runtime.Affinity)), kind)
+			Expect(spec.NodeSelector).To(Equal(specs.CoreNodeSelector(idc.Spec.Runtime.NodeSelector)), kind)
+			Expect(spec.Affinity).To(Equal(specs.CoreAffinity(idc.Spec.Runtime.Affinity)), kind)
 			Expect(spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[1].Operator).To(Equal(corev1.NodeSelectorOpGt), kind)
-			Expect(spec.Tolerations).To(Equal(coreTolerations(idc.Spec.Runtime.Tolerations)), kind)
+			Expect(spec.Tolerations).To(Equal(specs.CoreTolerations(idc.Spec.Runtime.Tolerations)), kind)
 			Expect(spec.Tolerations).To(HaveLen(2), kind)
 			Expect(spec.TopologySpreadConstraints).To(Equal(idc.Spec.Runtime.TopologySpreadConstraints), kind)
 			Expect(spec.PriorityClassName).To(Equal("consumers-high"), kind)

@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -12,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -20,19 +17,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;delete
 
 const (
-	componentRedrive = "redrive"
-	// labelRedriveToken carries a hash of the token (label values are
-	// short and restricted); the token itself is an annotation of the Job.
-	labelRedriveToken = "messaging.idempotency.dev/redrive-token-hash"
-	// maxJobName keeps the Job's name usable as the job-name label of its pods.
-	maxJobName = 63
-
 	eventRedriveStarted  = "RedriveStarted"
 	eventRedriveFinished = "RedriveFinished"
 	eventRedriveFailed   = "RedriveFailed"
@@ -41,53 +32,6 @@ const (
 // redriveReasonClasses are the values the reason annotation accepts (the
 // dead-letter reason classes).
 var redriveReasonClasses = inbox.DeadLetterClasses
-
-func tokenHash(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])[:10]
-}
-
-// redriveJobName is <name>-redrive-<hash of the token>, the name cut so
-// the whole stays within 63 characters.
-func redriveJobName(idc *messagingv1alpha1.IdempotentConsumer, token string) string {
-	suffix := "-redrive-" + tokenHash(token)
-	name := idc.Name
-	if len(name)+len(suffix) > maxJobName {
-		name = name[:maxJobName-len(suffix)]
-	}
-	return name + suffix
-}
-
-// renderRedriveJob renders the Job of one token from the prune job's pod
-// template (same image, config, Secrets and security context).
-func renderRedriveJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, image, secretsHash, token, reason string, ids []string) *batchv1.Job {
-	args := []string{"redrive", "--config", configMountPath + "/" + configKey, "--run", token}
-	if reason != "" {
-		args = append(args, "--reason", reason)
-	}
-	for _, id := range ids {
-		args = append(args, "--id", id)
-	}
-	container := corev1.Container{Name: componentRedrive, Command: []string{runtimeBinary}, Args: args}
-	spec := podSpec(idc, image, rc, container)
-	// Redrive is safe to repeat: a failed pod is retried by the Job.
-	spec.RestartPolicy = corev1.RestartPolicyOnFailure
-	l := labelsFor(idc, componentRedrive)
-	l[labelRedriveToken] = tokenHash(token)
-	return &batchv1.Job{
-		TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
-		ObjectMeta: metav1.ObjectMeta{Name: redriveJobName(idc, token), Namespace: idc.Namespace, Labels: l,
-			Annotations: map[string]string{messagingv1alpha1.AnnotationRedrive: token}},
-		Spec: batchv1.JobSpec{
-			BackoffLimit:            ptr.To(int32(3)),
-			TTLSecondsAfterFinished: ptr.To(int32(86400)),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: l, Annotations: podAnnotations(idc, rc, secretsHash)},
-				Spec:       spec,
-			},
-		},
-	}
-}
 
 // redriveFilter reads the reason and ids annotations; refused says why
 // they cannot be used (then nothing is redriven).
@@ -165,7 +109,7 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 	idc, rc, secrets := s.idc, s.rc, s.secrets
 	var list batchv1.JobList
 	if err := r.client.List(ctx, &list, client.InNamespace(idc.Namespace), client.MatchingLabels{
-		"app.kubernetes.io/instance": idc.Name, "app.kubernetes.io/component": componentRedrive,
+		"app.kubernetes.io/instance": idc.Name, "app.kubernetes.io/component": specs.ComponentRedrive,
 	}); err != nil {
 		return fmt.Errorf("listing redrive Jobs: %w", err)
 	}
@@ -187,7 +131,7 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 	// the token asked for, before finishing or starting anything.
 	adopt := active
 	if adopt == nil && token != "" {
-		adopt = jobs[redriveJobName(idc, token)]
+		adopt = jobs[specs.RedriveJobName(idc, token)]
 	}
 	if adopt != nil {
 		if t := adopt.Annotations[messagingv1alpha1.AnnotationRedrive]; idc.Status.LastRedrive == nil || idc.Status.LastRedrive.Token != t {
@@ -207,7 +151,7 @@ func (r *Reconciler) reconcileRedrive(ctx context.Context, s *scope, image strin
 		r.recorder.Eventf(idc, nil, corev1.EventTypeWarning, eventRedriveFailed, "Redrive", "%s", refused)
 		return nil
 	}
-	job := renderRedriveJob(idc, rc, image, secrets.hash, token, reason, ids)
+	job := specs.RedriveJob(idc, &rc.RuntimeConfig, image, secrets.hash, token, reason, ids)
 	if err := controllerutil.SetControllerReference(idc, job, r.scheme); err != nil {
 		return fmt.Errorf("owning redrive Job %s: %w", job.Name, err)
 	}

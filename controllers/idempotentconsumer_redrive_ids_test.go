@@ -33,16 +33,6 @@ func TestRedriveIDsAnnotation(t *testing.T) {
 	}
 }
 
-func TestRedriveJobPassesReasonAndIDs(t *testing.T) {
-	idc := &messagingv1alpha1.IdempotentConsumer{}
-	idc.Name, idc.Namespace = "orders", "shop"
-	job := renderRedriveJob(idc, &renderedConfig{}, "img", "h", "tok", "invalid_json", []string{"o-1", "o-2"})
-	want := []string{"redrive", "--config", "/etc/idc/config.json", "--run", "tok", "--reason", "invalid_json", "--id", "o-1", "--id", "o-2"}
-	if got := job.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, want) {
-		t.Errorf("args %v, want %v", got, want)
-	}
-}
-
 func TestRedriveFilterNamesTheRefusedAnnotation(t *testing.T) {
 	idc := &messagingv1alpha1.IdempotentConsumer{}
 	idc.Annotations = map[string]string{messagingv1alpha1.AnnotationRedriveReason: "database", messagingv1alpha1.AnnotationRedriveIDs: `["a"]`}

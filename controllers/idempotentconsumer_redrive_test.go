@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/redrive"
@@ -33,7 +34,7 @@ import (
 func redriveJobs(name string) []batchv1.Job {
 	var list batchv1.JobList
 	ExpectWithOffset(1, k8sClient.List(ctx, &list, client.InNamespace("default"),
-		client.MatchingLabels{"app.kubernetes.io/instance": name, "app.kubernetes.io/component": componentRedrive})).To(Succeed())
+		client.MatchingLabels{"app.kubernetes.io/instance": name, "app.kubernetes.io/component": specs.ComponentRedrive})).To(Succeed())
 	return list.Items
 }
 

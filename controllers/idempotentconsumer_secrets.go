@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // secretIndexKey indexes IdempotentConsumers by the Secrets they reference so
@@ -66,7 +67,7 @@ func (e *secretError) Error() string { return e.message }
 func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig) (*resolvedSecrets, error) {
 	out := &resolvedSecrets{values: map[string]string{}}
 	h := sha256.New()
-	refs := append([]secretEnv(nil), rc.Secrets...)
+	refs := append([]specs.SecretEnv(nil), rc.Secrets...)
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Env < refs[j].Env })
 	read := map[string]*corev1.Secret{} // one GET per Secret, however many keys
 	owner := types.NamespacedName{Namespace: idc.Namespace, Name: idc.Name}
@@ -232,7 +233,7 @@ func (m *secretMemo) drop(key types.NamespacedName) {
 // secretValueMAC is one referenced value's part of the rollout hash:
 // HMAC-SHA256 keyed with the Secret's UID over where the value goes and
 // the value.
-func secretValueMAC(uid types.UID, s secretEnv, value []byte) []byte {
+func secretValueMAC(uid types.UID, s specs.SecretEnv, value []byte) []byte {
 	mac := hmac.New(sha256.New, []byte(uid))
 	_, _ = fmt.Fprintf(mac, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(value))
 	mac.Write(value)

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // sinkSnapshot is what the sink checks (the inbox, effect and retention
@@ -97,7 +98,7 @@ func (r *Reconciler) reuseSink(ctx context.Context, s *scope) {
 // and is available.
 func (r *Reconciler) consumersAvailable(ctx context.Context, s *scope) bool {
 	var d appsv1.Deployment
-	if err := r.client.Get(ctx, types.NamespacedName{Namespace: s.idc.Namespace, Name: deploymentName(s.idc)}, &d); err != nil {
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: s.idc.Namespace, Name: specs.DeploymentName(s.idc)}, &d); err != nil {
 		return false
 	}
 	ok, _ := deploymentAvailable(&d)

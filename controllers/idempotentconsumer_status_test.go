@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -163,10 +164,10 @@ func TestPruneSuspension(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cj := renderCronJob(idc, rc, "img", "h", 0); !*cj.Spec.Suspend {
+	if cj := specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", 0); !*cj.Spec.Suspend {
 		t.Error("an unresolved window must suspend the CronJob")
 	}
-	cj := renderCronJob(idc, rc, "img", "h", 49*time.Hour)
+	cj := specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", 49*time.Hour)
 	if *cj.Spec.Suspend {
 		t.Error("a resolved window must schedule the CronJob")
 	}
@@ -174,7 +175,7 @@ func TestPruneSuspension(t *testing.T) {
 		t.Errorf("args %v do not end with the window", got)
 	}
 	idc.Spec.Retention.Prune.Suspend = true
-	if cj := renderCronJob(idc, rc, "img", "h", 49*time.Hour); !*cj.Spec.Suspend {
+	if cj := specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", 49*time.Hour); !*cj.Spec.Suspend {
 		t.Error("prune.suspend must suspend the CronJob")
 	}
 }

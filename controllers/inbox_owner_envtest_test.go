@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -182,7 +183,7 @@ func runtimeEpoch(name string) func() string {
 			return ""
 		}
 		var cfg config.Config
-		if err := json.Unmarshal([]byte(cm.Data[configKey]), &cfg); err != nil {
+		if err := json.Unmarshal([]byte(cm.Data[specs.ConfigKey]), &cfg); err != nil {
 			return ""
 		}
 		return cfg.Sink.InboxEpoch

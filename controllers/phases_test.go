@@ -29,6 +29,7 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
@@ -288,7 +289,7 @@ func (h *harness) deploymentSecretsHash() string {
 	if err := h.c.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
 		h.t.Fatal(err)
 	}
-	return d.Spec.Template.Annotations[AnnotationSecretsHash]
+	return d.Spec.Template.Annotations[specs.AnnotationSecretsHash]
 }
 
 // markAvailable plays the Deployment controller.

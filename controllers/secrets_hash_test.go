@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // The rollout hash of the referenced Secrets changes when a value rotates
@@ -42,7 +44,7 @@ func TestSecretsHashRotatesWithoutRevealingTheValue(t *testing.T) {
 		if err := h.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "orders"}, &d); err != nil {
 			t.Fatal(err)
 		}
-		return d.Spec.Template.Annotations[AnnotationSecretsHash]
+		return d.Spec.Template.Annotations[specs.AnnotationSecretsHash]
 	}
 	before := annotation()
 	if before == "" {

@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -17,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // A consumer with more than one replica gets a PodDisruptionBudget of
@@ -36,7 +34,7 @@ func TestPodDisruptionBudgetForMultiReplicaConsumers(t *testing.T) {
 	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
 		t.Errorf("maxUnavailable %v, want 1", pdb.Spec.MaxUnavailable)
 	}
-	if pdb.Labels[labelManagedBy] != managedBy || !metav1.IsControlledBy(&pdb, got(t, h)) {
+	if pdb.Labels[specs.LabelManagedBy] != specs.ManagedBy || !metav1.IsControlledBy(&pdb, got(t, h)) {
 		t.Errorf("labels %v, owners %v: want the managed-by label (the cache selects on it) and the resource as controller", pdb.Labels, pdb.OwnerReferences)
 	}
 	var d appsv1.Deployment
@@ -81,7 +79,7 @@ func got(t *testing.T, h *harness) *messagingv1alpha1.IdempotentConsumer {
 // requests ephemeral storage.
 func TestDefaultSpreadAndEphemeralStorage(t *testing.T) {
 	idc := unitConsumer()
-	d := renderDeployment(idc, mustRender(t, idc), "img", "h")
+	d := specs.Deployment(idc, mustRender(t, idc), "img", "h")
 	tsc := d.Spec.Template.Spec.TopologySpreadConstraints
 	if len(tsc) != 1 || tsc[0].TopologyKey != corev1.LabelHostname || tsc[0].WhenUnsatisfiable != corev1.ScheduleAnyway || tsc[0].MaxSkew != 1 {
 		t.Fatalf("default spread %+v, want one soft spread across hostnames", tsc)
@@ -98,19 +96,21 @@ func TestDefaultSpreadAndEphemeralStorage(t *testing.T) {
 	mine := []corev1.TopologySpreadConstraint{{MaxSkew: 2, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.DoNotSchedule,
 		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
 	idc.Spec.Runtime.TopologySpreadConstraints = mine
-	d = renderDeployment(idc, mustRender(t, idc), "img", "h")
+	d = specs.Deployment(idc, mustRender(t, idc), "img", "h")
 	if got := d.Spec.Template.Spec.TopologySpreadConstraints; len(got) != 1 || got[0].TopologyKey != "topology.kubernetes.io/zone" {
 		t.Fatalf("with the user's constraints: %+v, want them alone", got)
 	}
 }
 
-func mustRender(t *testing.T, idc *messagingv1alpha1.IdempotentConsumer) *renderedConfig {
+// mustRender is the runtime config the controller renders for idc, as
+// the children's renderers take it.
+func mustRender(t *testing.T, idc *messagingv1alpha1.IdempotentConsumer) *specs.RuntimeConfig {
 	t.Helper()
 	rc, err := renderConfig(idc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rc
+	return &rc.RuntimeConfig
 }
 
 // --network-policies: each consumer's pods may reach DNS and what the
@@ -123,7 +123,7 @@ func TestNetworkPolicyEgressToDatabaseAndBrokerOnly(t *testing.T) {
 	idc := unitConsumer() // nats://127.0.0.1:4222
 	rc := mustRender(t, idc)
 	env := map[string]string{rc.Config.Sink.DSNEnv: "postgres://app:pw@db.shop.svc:5432/app"}
-	np := renderNetworkPolicy(idc, rc, func(k string) string { return env[k] })
+	np := specs.NetworkPolicy(idc, rc, func(k string) string { return env[k] })
 	if len(np.Spec.PolicyTypes) != 1 || np.Spec.PolicyTypes[0] != networkingv1.PolicyTypeEgress {
 		t.Fatalf("policy types %v, want Egress alone", np.Spec.PolicyTypes)
 	}
@@ -152,50 +152,10 @@ func TestNetworkPolicyEgressToDatabaseAndBrokerOnly(t *testing.T) {
 		}
 	}
 	sel, _ := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-	if !sel.Matches(labels.Set(labelsFor(idc, componentConsumer))) || !sel.Matches(labels.Set(labelsFor(idc, componentPrune))) {
+	if !sel.Matches(labels.Set(specs.Labels(idc, specs.ComponentConsumer))) || !sel.Matches(labels.Set(specs.Labels(idc, specs.ComponentPrune))) {
 		t.Fatal("the policy does not select the consumer and prune pods")
 	}
-	if np.Labels[labelManagedBy] != managedBy {
+	if np.Labels[specs.LabelManagedBy] != specs.ManagedBy {
 		t.Fatal("no managed-by label: the manager's cache would not see it")
-	}
-}
-
-// What the runtime dials, per source, emit and effect kind.
-func TestEgressEndpoints(t *testing.T) {
-	env := map[string]string{"DSN": "host=10.0.0.5 port=6432 dbname=app", "MQ": "amqps://u:p@mq.example/vhost", "OUT": "amqp://u:p@10.1.1.1:5673/"}
-	getenv := func(k string) string { return env[k] }
-	for _, tc := range []struct {
-		name string
-		cfg  config.Config
-		want string
-	}{
-		{"kafka source, redis emit, http effect", config.Config{
-			Source: config.Source{Kafka: &config.Kafka{BootstrapServers: []string{"k1:9093", "10.2.0.1"}}},
-			Emit:   &config.Emit{RedisStreams: &config.EmitRedisStreams{Address: "redis.example"}},
-			Sink:   config.Sink{DSNEnv: "DSN", Effect: config.Effect{HTTP: &config.HTTP{URL: "https://billing.example/charge"}}},
-		}, "10.0.0.5:6432 k1:9093 10.2.0.1:9092 redis.example:6379 billing.example:443"},
-		{"rabbitmq source with the derived management port, rabbitmq emit", config.Config{
-			Source: config.Source{RabbitMQ: &config.RabbitMQ{URIEnv: "MQ"}},
-			Emit:   &config.Emit{RabbitMQ: &config.EmitRabbitMQ{URIEnv: "OUT"}},
-			Sink:   config.Sink{DSNEnv: "DSN"},
-		}, "10.0.0.5:6432 mq.example:5671 mq.example:15671 10.1.1.1:5673"},
-		{"nats over websockets, default ports", config.Config{
-			Source: config.Source{NATSJetStream: &config.JetStream{URL: "wss://nats.example, ws://10.4.0.1"}},
-			Sink:   config.Sink{DSNEnv: "NONE"},
-		}, "nats.example:443 10.4.0.1:80"},
-		{"redis source, explicit management URL unused", config.Config{
-			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
-			Sink:   config.Sink{DSNEnv: "NONE"},
-		}, "10.3.0.1:7000"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var got []string
-			for _, e := range egressEndpoints(&tc.cfg, getenv) {
-				got = append(got, fmt.Sprintf("%s:%d", e.host, e.port))
-			}
-			if g := strings.Join(got, " "); g != tc.want {
-				t.Fatalf("endpoints %q, want %q", g, tc.want)
-			}
-		})
 	}
 }

@@ -1,4 +1,4 @@
-package controllers
+package specs
 
 import (
 	"time"
@@ -11,10 +11,8 @@ import (
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 )
 
-func cronJobName(idc *messagingv1alpha1.IdempotentConsumer) string { return idc.Name + "-prune" }
-
-// pruneSuspended says whether the CronJob must not run, and why.
-func pruneSuspended(idc *messagingv1alpha1.IdempotentConsumer, window time.Duration) (bool, string) {
+// PruneSuspended says whether the prune CronJob must not run, and why.
+func PruneSuspended(idc *messagingv1alpha1.IdempotentConsumer, window time.Duration) (bool, string) {
 	switch {
 	case idc.Spec.Retention.Prune.Suspend:
 		return true, "spec.retention.prune.suspend is true"
@@ -24,11 +22,11 @@ func pruneSuspended(idc *messagingv1alpha1.IdempotentConsumer, window time.Durat
 	return false, ""
 }
 
-// renderCronJob renders the prune CronJob. window is the window in force;
+// PruneCronJob renders the prune CronJob. window is the window in force;
 // the job re-derives its own and uses the larger of the two.
-func renderCronJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig, image, secretsHash string, window time.Duration) *batchv1.CronJob {
-	suspend, _ := pruneSuspended(idc, window)
-	args := []string{"prune", "--config", configMountPath + "/" + configKey}
+func PruneCronJob(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, image, secretsHash string, window time.Duration) *batchv1.CronJob {
+	suspend, _ := PruneSuspended(idc, window)
+	args := configArgs("prune")
 	if window > 0 {
 		args = append(args, "--window", window.String())
 	}
@@ -36,10 +34,10 @@ func renderCronJob(idc *messagingv1alpha1.IdempotentConsumer, rc *renderedConfig
 	spec := podSpec(idc, image, rc, container)
 	spec.RestartPolicy = corev1.RestartPolicyOnFailure
 	maxDuration, _ := time.ParseDuration(string(idc.Spec.Retention.Prune.MaxDuration))
-	l := labelsFor(idc, componentPrune)
+	l := Labels(idc, ComponentPrune)
 	return &batchv1.CronJob{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "CronJob"},
-		ObjectMeta: metav1.ObjectMeta{Name: cronJobName(idc), Namespace: idc.Namespace, Labels: l},
+		ObjectMeta: metav1.ObjectMeta{Name: CronJobName(idc), Namespace: idc.Namespace, Labels: l},
 		Spec: batchv1.CronJobSpec{
 			Schedule:                   idc.Spec.Retention.Prune.Schedule,
 			ConcurrencyPolicy:          batchv1.ForbidConcurrent,

@@ -1,4 +1,4 @@
-package controllers
+package specs
 
 import (
 	corev1 "k8s.io/api/core/v1"
@@ -9,7 +9,8 @@ import (
 // The placement types of the API are core/v1's in JSON, with Kubernetes'
 // validation in the schema; these copy them into a pod spec.
 
-func coreNodeSelector(m map[string]messagingv1alpha1.LabelValue) map[string]string {
+// CoreNodeSelector is spec.runtime.nodeSelector as core/v1's.
+func CoreNodeSelector(m map[string]messagingv1alpha1.LabelValue) map[string]string {
 	if m == nil {
 		return nil
 	}
@@ -20,7 +21,8 @@ func coreNodeSelector(m map[string]messagingv1alpha1.LabelValue) map[string]stri
 	return out
 }
 
-func coreAffinity(a *messagingv1alpha1.Affinity) *corev1.Affinity {
+// CoreAffinity is spec.runtime.affinity as core/v1's.
+func CoreAffinity(a *messagingv1alpha1.Affinity) *corev1.Affinity {
 	if a == nil {
 		return nil
 	}
@@ -86,7 +88,8 @@ func corePodAffinityTerm(t messagingv1alpha1.PodAffinityTerm) corev1.PodAffinity
 	}
 }
 
-func coreTolerations(ts []messagingv1alpha1.Toleration) []corev1.Toleration {
+// CoreTolerations is spec.runtime.tolerations as core/v1's.
+func CoreTolerations(ts []messagingv1alpha1.Toleration) []corev1.Toleration {
 	if ts == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package controllers
+package specs
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
-var updateGolden = flag.Bool("update", false, "rewrite the testdata/*.golden.yaml files from the renderers' output")
+var update = flag.Bool("update", false, "rewrite the testdata/*.golden.yaml files from the renderers' output")
 
 // goldenInput is one fixture: a resource and what the controller hands the
 // renderers for it (testdata/<fixture>.input.yaml).
@@ -88,7 +88,7 @@ func TestGoldenRenderings(t *testing.T) {
 
 func compareGolden(t *testing.T, file string, got []byte) {
 	t.Helper()
-	if *updateGolden {
+	if *update {
 		if err := os.WriteFile(file, got, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -144,22 +144,22 @@ func renderGolden(t *testing.T, in *goldenInput) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := &renderedConfig{Config: &in.Config, JSON: js, Hash: in.ConfigHash}
+	rc := &RuntimeConfig{Config: &in.Config, JSON: js, Hash: in.ConfigHash}
 	for _, s := range in.Secrets {
-		rc.Secrets = append(rc.Secrets, secretEnv{Env: s.Env, Ref: s.Ref})
+		rc.Secrets = append(rc.Secrets, SecretEnv{Env: s.Env, Ref: s.Ref})
 	}
 	idc := &in.Consumer
 	getenv := func(name string) string { return in.Env[name] }
 	out := map[string]any{
-		"configmap":           renderConfigMap(idc, rc),
-		"deployment":          renderDeployment(idc, rc, in.Image, in.SecretsHash),
-		"cronjob":             renderCronJob(idc, rc, in.Image, in.SecretsHash, in.window(t)),
-		"poddisruptionbudget": renderPodDisruptionBudget(idc),
-		"networkpolicy":       renderNetworkPolicy(idc, rc, getenv),
-		"redrive-job":         renderRedriveJob(idc, rc, in.Image, in.SecretsHash, in.Redrive.Token, in.Redrive.Reason, in.Redrive.IDs),
+		"configmap":           ConfigMap(idc, rc),
+		"deployment":          Deployment(idc, rc, in.Image, in.SecretsHash),
+		"cronjob":             PruneCronJob(idc, rc, in.Image, in.SecretsHash, in.window(t)),
+		"poddisruptionbudget": PodDisruptionBudget(idc),
+		"networkpolicy":       NetworkPolicy(idc, rc, getenv),
+		"redrive-job":         RedriveJob(idc, rc, in.Image, in.SecretsHash, in.Redrive.Token, in.Redrive.Reason, in.Redrive.IDs),
 	}
 	if idc.Spec.Runtime.Autoscaling != nil {
-		so, ta, err := renderScaledObject(idc, rc, in.Paused)
+		so, ta, err := ScaledObject(idc, rc, in.Paused)
 		if err != nil {
 			t.Fatal(err)
 		}

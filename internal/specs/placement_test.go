@@ -1,4 +1,4 @@
-package controllers
+package specs
 
 import (
 	"encoding/json"
@@ -35,7 +35,7 @@ func TestRuntimeResourcesDefaultOnlyWhatIsNotGiven(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.in.DeepCopy()
-			got := runtimeResources(tc.in)
+			got := RuntimeResources(tc.in)
 			if len(got.Requests) != len(tc.want) {
 				t.Fatalf("requests %v, want %v", got.Requests, tc.want)
 			}
@@ -88,18 +88,18 @@ func TestPlacementIsCoreV1InJSON(t *testing.T) {
 	}
 	var wantAffinity corev1.Affinity
 	viaJSON(a, &wantAffinity)
-	if got := coreAffinity(a); !equality.Semantic.DeepEqual(got, &wantAffinity) {
+	if got := CoreAffinity(a); !equality.Semantic.DeepEqual(got, &wantAffinity) {
 		t.Errorf("coreAffinity = %+v, want %+v", got, &wantAffinity)
 	}
 	var wantTolerations []corev1.Toleration
 	viaJSON(tolerations, &wantTolerations)
-	if got := coreTolerations(tolerations); !equality.Semantic.DeepEqual(got, wantTolerations) {
+	if got := CoreTolerations(tolerations); !equality.Semantic.DeepEqual(got, wantTolerations) {
 		t.Errorf("coreTolerations = %+v, want %+v", got, wantTolerations)
 	}
-	if got := coreNodeSelector(map[string]messagingv1alpha1.LabelValue{"zone": "a"}); !equality.Semantic.DeepEqual(got, map[string]string{"zone": "a"}) {
+	if got := CoreNodeSelector(map[string]messagingv1alpha1.LabelValue{"zone": "a"}); !equality.Semantic.DeepEqual(got, map[string]string{"zone": "a"}) {
 		t.Errorf("coreNodeSelector = %v", got)
 	}
-	if coreAffinity(nil) != nil || coreTolerations(nil) != nil || coreNodeSelector(nil) != nil {
+	if CoreAffinity(nil) != nil || CoreTolerations(nil) != nil || CoreNodeSelector(nil) != nil {
 		t.Error("an absent placement renders as something")
 	}
 
