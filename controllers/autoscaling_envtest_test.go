@@ -102,7 +102,7 @@ func newKEDAEnv(t *testing.T) *kedaEnv {
 		opts: Options{RuntimeImage: "idc-operator:test", RetentionPeriod: fakePeriod, MaxConcurrent: 1, Clock: clk,
 			Sink: &fakeSink{}, Broker: &fakeBroker{window: 49 * time.Hour}, RecheckPeriod: DefaultRecheckPeriod, DropTimeout: time.Minute,
 			KEDA: NewDiscoveryKEDA(disc, clk, time.Minute)},
-		readings: newBrokerReadings(), applied: newAppliedChildren(), sinkMemo: newSinkMemo(),
+		memory: newMemory(),
 	}
 	return &kedaEnv{t: t, c: c, r: r}
 }

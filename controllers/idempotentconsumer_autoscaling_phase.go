@@ -165,7 +165,7 @@ func (r *Reconciler) removeScaledObject(ctx context.Context, s *scope) error {
 		if err := r.client.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting the %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, err)
 		}
-		r.applied.forgetChild(s.key, obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
+		r.memory.forgetChild(s.key, obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
 	}
 	return nil
 }

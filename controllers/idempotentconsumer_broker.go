@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	ctrl "sigs.k8s.io/controller-runtime"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/errtext"
@@ -55,35 +53,6 @@ func (LiveBroker) Observe(ctx context.Context, cfg *config.Config, getenv func(s
 	return out, err
 }
 
-// brokerReads counts the manager's broker reads by source kind and outcome.
-var brokerReads = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "idc_controller_broker_reads_total",
-	Help: "Broker reads by the manager (window inputs, limits and lag over one connection), by source kind and result (ok, error).",
-}, []string{"source", "result"})
-
-// statusPatches counts the status writes of the manager.
-var statusPatches = prometheus.NewCounter(prometheus.CounterOpts{
-	Name: "idc_controller_status_patches_total",
-	Help: "Status patches the manager sent; a pass whose status did not change sends none.",
-})
-
-// childApplies counts the server-side applies of rendered children.
-var childApplies = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "idc_controller_child_applies_total",
-	Help: "Server-side applies of rendered children (ConfigMap, Deployment, CronJob) by kind; a child whose rendering and live generation are unchanged is not applied.",
-}, []string{"kind"})
-
-// phaseSeconds is how long each phase of a pass takes.
-var phaseSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-	Name:    "idc_controller_phase_duration_seconds",
-	Help:    "Duration of each reconcile phase (render, conflict, secrets, finalizer, inbox, effect, broker, retention, children, last-prune, outbox, id-conflicts, redrive).",
-	Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
-}, []string{"phase"})
-
-func init() {
-	ctrlmetrics.Registry.MustRegister(brokerReads, statusPatches, childApplies, phaseSeconds)
-}
-
 // brokerReading is a read kept between passes: the broker is read at most
 // once per --retention-period (and at once when the source, the retention
 // spec or a referenced Secret changes), a failed read again after
@@ -113,11 +82,6 @@ func (b *brokerReading) dueIn(now time.Time, period, recheck time.Duration) time
 	return b.at.Add(b.ttl(period, recheck)).Sub(now)
 }
 
-// brokerReadings holds the last reading per resource.
-type brokerReadings = perResource[*brokerReading]
-
-func newBrokerReadings() *brokerReadings { return newPerResource[*brokerReading]() }
-
 // readingKey identifies what a reading depends on: the rendered source and
 // retention spec and the referenced Secrets' data.
 func readingKey(s *scope) string {
@@ -137,7 +101,7 @@ func readingKey(s *scope) string {
 func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	now := r.opts.Clock.Now()
 	key := readingKey(s)
-	if last, _ := r.readings.get(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod) > 0 {
+	if last := r.memory.reading(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod) > 0 {
 		s.reading = last
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, brokerTimeout)
@@ -149,7 +113,7 @@ func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, er
 			result = "error"
 		}
 		brokerReads.WithLabelValues(s.rc.Config.Source.Kind(), result).Inc()
-		r.readings.put(s.key, s.reading)
+		r.memory.putReading(s.key, s.reading)
 	}
 	observeLag(s, s.reading.reading.Lag)
 	if s.reading.failedRead() {

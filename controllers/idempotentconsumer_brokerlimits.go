@@ -3,25 +3,10 @@ package controllers
 import (
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
-
-// brokerLimitTooSmall is 1 while an IdempotentConsumer's broker-side limits
-// cannot fill its declared replicas' batches (the BrokerLimits condition is
-// False), else 0.
-var brokerLimitTooSmall = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "idc_broker_limit_too_small",
-	Help: "1 while the broker-side consumer limit (JetStream MaxAckPending, RabbitMQ prefetch) is below replicas x batchSize x inFlight.",
-}, []string{"namespace", "name", "limit"})
-
-func init() {
-	ctrlmetrics.Registry.MustRegister(brokerLimitTooSmall)
-}
 
 // limitCheck is one broker-side limit held against what the declared scale
 // needs.
@@ -80,9 +65,4 @@ func observeBrokerLimits(idc *messagingv1alpha1.IdempotentConsumer, cfg *config.
 		}
 		brokerLimitTooSmall.WithLabelValues(idc.Namespace, idc.Name, c.name).Set(v)
 	}
-}
-
-// forgetBrokerLimits drops the metric series of a deleted resource.
-func forgetBrokerLimits(namespace, name string) {
-	brokerLimitTooSmall.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "name": name})
 }

@@ -6,14 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -149,46 +147,6 @@ type appliedChild struct {
 	refused error
 }
 
-// appliedChildren remembers, per child, the last apply of this process, so
-// a pass that renders the same child over an unchanged live object sends
-// nothing. A restarted manager applies each child once.
-type appliedChildren struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]map[string]appliedChild // owner -> "Kind/name" -> applied
-}
-
-func newAppliedChildren() *appliedChildren {
-	return &appliedChildren{m: map[types.NamespacedName]map[string]appliedChild{}}
-}
-
-func (a *appliedChildren) get(owner types.NamespacedName, child string) (appliedChild, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c, ok := a.m[owner][child]
-	return c, ok
-}
-
-func (a *appliedChildren) put(owner types.NamespacedName, child string, c appliedChild) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.m[owner] == nil {
-		a.m[owner] = map[string]appliedChild{}
-	}
-	a.m[owner][child] = c
-}
-
-func (a *appliedChildren) forgetChild(owner types.NamespacedName, child string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.m[owner], child)
-}
-
-func (a *appliedChildren) forget(owner types.NamespacedName) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.m, owner)
-}
-
 // liveVersion is what tells that someone changed a live child: its
 // generation, or its resourceVersion when it has none (a ConfigMap).
 func liveVersion(o client.Object) string {
@@ -219,7 +177,7 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 	sum := sha256.Sum256(raw)
 	hash := hex.EncodeToString(sum[:12])
 	owner, child := client.ObjectKeyFromObject(idc), gvk.Kind+"/"+obj.GetName()
-	if last, ok := r.applied.get(owner, child); ok && last.hash == hash && last.refused != nil {
+	if last, ok := r.memory.appliedChild(owner, child); ok && last.hash == hash && last.refused != nil {
 		// Refused as invalid: the same rendering is refused again.
 		return last.refused
 	}
@@ -236,7 +194,7 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 			}
 			return &conflictError{kind: gvk.Kind, name: obj.GetName(), owner: holder}
 		}
-		if last, ok := r.applied.get(owner, child); ok && last.hash == hash && last.version == liveVersion(existing) {
+		if last, ok := r.memory.appliedChild(owner, child); ok && last.hash == hash && last.version == liveVersion(existing) {
 			return nil
 		}
 	}
@@ -244,12 +202,12 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 	applied := un.DeepCopy()
 	if err := r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), fieldOwner, client.ForceOwnership); err != nil {
 		if refused := invalidChild(gvk.Kind, obj.GetName(), err); refused != nil {
-			r.applied.put(owner, child, appliedChild{hash: hash, refused: refused})
+			r.memory.putAppliedChild(owner, child, appliedChild{hash: hash, refused: refused})
 			return refused
 		}
 		return fmt.Errorf("applying %s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
-	r.applied.put(owner, child, appliedChild{hash: hash, version: liveVersion(applied)})
+	r.memory.putAppliedChild(owner, child, appliedChild{hash: hash, version: liveVersion(applied)})
 	return nil
 }
 

@@ -99,13 +99,9 @@ type Reconciler struct {
 	scheme   *runtime.Scheme
 	recorder recorder.EventRecorder
 	opts     Options
-	readings *brokerReadings
-	applied  *appliedChildren
-	// sinkMemo spares the sink database the checks of a pass a child's
-	// change woke shortly after a complete one.
-	sinkMemo *sinkMemo
-	// secretMemo spares a Secret GET while its version is unchanged.
-	secretMemo secretMemo
+	// memory is what is kept per resource between passes (the broker
+	// reading, the sink checks, the applied children, the Secrets read).
+	memory *memory
 	// cluster is the cluster's identity, read once.
 	cluster clusterIdentity
 }
@@ -146,9 +142,7 @@ func NewReconciler(mgr ctrl.Manager, opts Options) *Reconciler {
 		scheme:   mgr.GetScheme(),
 		recorder: mgr.GetEventRecorder("idc-operator"),
 		opts:     opts,
-		readings: newBrokerReadings(),
-		applied:  newAppliedChildren(),
-		sinkMemo: newSinkMemo(),
+		memory:   newMemory(),
 	}
 }
 
@@ -190,17 +184,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return r.requeue(s, res), nil
 }
 
-// forget drops what the manager keeps for a resource that is gone: metric
-// series, the broker reading, the memos of applied children, sink checks and
-// the Secrets it alone read (their credentials), and its pool.
+// forget drops what the manager keeps for a resource that is gone (on
+// not-found and after a deletion): its metric series, its memory (the
+// broker reading, sink checks, applied children and the Secrets it alone
+// read, their credentials) and its pool.
 func (r *Reconciler) forget(key types.NamespacedName) {
-	forgetBrokerLimits(key.Namespace, key.Name)
-	forgetInboxLost(key.Namespace, key.Name)
-	forgetLag(key)
-	r.readings.forget(key)
-	r.applied.forget(key)
-	r.sinkMemo.forget(key)
-	r.secretMemo.forget(key)
+	forgetResourceSeries(key)
+	r.memory.forget(key)
 	r.opts.Sink.Release(key.String())
 }
 

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
@@ -23,16 +21,6 @@ import (
 // makes, and the refusals into conditions a person can act on.
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get,resourceNames=kube-system
-
-// inboxLost is 1 while a resource's inbox is lost (Stalled, InboxLost).
-var inboxLost = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "idc_inbox_lost",
-	Help: "1 while the inbox that held an IdempotentConsumer's claims (status.inbox.epoch) is dropped, truncated or replaced: the runtime holds until a person accepts the loss (annotation messaging.idempotency.dev/accept-inbox-loss).",
-}, []string{"namespace", "name"})
-
-func init() {
-	ctrlmetrics.Registry.MustRegister(inboxLost)
-}
 
 // unknownCluster is the cluster identity of a manager that may not read
 // the kube-system namespace and has no --cluster-id.
@@ -119,10 +107,6 @@ func setInboxLost(idc *messagingv1alpha1.IdempotentConsumer, lost bool) {
 		v = 1
 	}
 	inboxLost.WithLabelValues(idc.Namespace, idc.Name).Set(v)
-}
-
-func forgetInboxLost(namespace, name string) {
-	inboxLost.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "name": name})
 }
 
 // inboxAnnotationChanged wakes a resource when a person adopts an inbox or

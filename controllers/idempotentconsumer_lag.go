@@ -1,22 +1,6 @@
 package controllers
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/types"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-)
-
-// resourceLag is the broker backlog the manager read for each resource, set
-// at every read: the exact figure, where status.lag holds only its order of
-// magnitude (statusLag).
-var resourceLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "idc_resource_lag_messages",
-	Help: "The broker's backlog for an IdempotentConsumer, as the manager read it with the window's inputs (once per --retention-period); status.lag moves only when this crosses a power of ten.",
-}, []string{"namespace", "name"})
-
-func init() {
-	ctrlmetrics.Registry.MustRegister(resourceLag)
-}
+import ()
 
 // lagBucket is the power-of-ten bucket of a backlog: 0 for none, then
 // 1 for 1-9, 2 for 10-99, 3 for 100-999, and so on.
@@ -55,9 +39,4 @@ func observeLag(s *scope, read *int64) {
 	}
 	resourceLag.WithLabelValues(s.key.Namespace, s.key.Name).Set(float64(*read))
 	s.idc.Status.Lag = statusLag(s.idc.Status.Lag, read)
-}
-
-// forgetLag drops the metric series of a deleted resource.
-func forgetLag(key types.NamespacedName) {
-	resourceLag.DeleteLabelValues(key.Namespace, key.Name)
 }

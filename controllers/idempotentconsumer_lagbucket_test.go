@@ -56,7 +56,7 @@ func TestStatusLagIsWrittenOnlyAcrossABucket(t *testing.T) {
 	}
 	// Other tests' resources have series too: forget drops this one only.
 	before := testutil.CollectAndCount(resourceLag, "idc_resource_lag_messages")
-	forgetLag(types.NamespacedName{Namespace: "shop", Name: "orders"})
+	forgetResourceSeries(types.NamespacedName{Namespace: "shop", Name: "orders"})
 	if after := testutil.CollectAndCount(resourceLag, "idc_resource_lag_messages"); after != before-1 {
 		t.Errorf("%d lag series before forget, %d after; want one less", before, after)
 	}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -113,18 +111,4 @@ func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructur
 	unstructured.RemoveNestedField(u.Object, "status")
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
 	return u
-}
-
-// DescribeMetrics sends the descriptions of the manager's per-resource
-// metrics (test/monitoring checks the alerts against them).
-func DescribeMetrics(ch chan<- *prometheus.Desc) {
-	brokerLimitTooSmall.Describe(ch)
-	inboxLost.Describe(ch)
-	for _, d := range stateDescs {
-		ch <- d
-	}
-	brokerReads.Describe(ch)
-	statusPatches.Describe(ch)
-	childApplies.Describe(ch)
-	phaseSeconds.Describe(ch)
 }

@@ -15,7 +15,7 @@ import (
 // validation of the child does not. It is no transient failure: applying
 // the same rendering again is refused again, so the resource stalls with
 // InvalidSpec naming the spec field, and the same rendering is not sent
-// again (appliedChildren remembers the refusal) until the spec changes.
+// again (the reconciler's memory keeps the refusal) until the spec changes.
 type invalidChildError struct {
 	kind, name string
 	message    string

@@ -48,7 +48,7 @@ func (r *Reconciler) retentionPhase(ctx context.Context, s *scope) (ctrl.Result,
 	}
 	if snap := s.reused; snap != nil && snap.readingAt.Equal(s.reading.at) {
 		// The window adopted from this very reading by an earlier pass of
-		// this generation (sinkMemo), with no shrink pending: a pending one
+		// this generation (the sink memo), with no shrink pending: a pending one
 		// is never reused, it is due at a time, not on a reading.
 		s.idc.Status.Retention = keepObservedAt(s.before.Status.Retention, snap.retention.DeepCopy())
 		s.obs.retention, s.window = snap.retentionObs, snap.window

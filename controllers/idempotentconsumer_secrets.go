@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sort"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -75,7 +74,7 @@ func (r *Reconciler) resolveSecrets(ctx context.Context, idc *messagingv1alpha1.
 	// Whatever this pass read, the memo keeps the owner's use of exactly
 	// those Secrets: one no longer referenced is forgotten with its last
 	// user, as are all of them when the resource goes (forget).
-	defer func() { r.secretMemo.use(owner, used) }()
+	defer func() { r.memory.useSecrets(owner, used) }()
 	for _, s := range refs {
 		sec, ok := read[s.Ref.Name]
 		if !ok {
@@ -113,121 +112,19 @@ func (r *Reconciler) readSecret(ctx context.Context, key types.NamespacedName) (
 	m := &metav1.PartialObjectMetadata{}
 	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
 	if err := r.client.Get(ctx, key, m); err == nil {
-		if sec, ok := r.secretMemo.get(key, m.ResourceVersion); ok {
+		if sec, ok := r.memory.secret(key, m.ResourceVersion); ok {
 			return sec, nil
 		}
 	}
 	sec := &corev1.Secret{}
 	if err := r.secrets.Get(ctx, key, sec); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.secretMemo.drop(key)
+			r.memory.dropSecret(key)
 		}
 		return nil, err
 	}
-	r.secretMemo.put(key, sec)
+	r.memory.putSecret(key, sec)
 	return sec, nil
-}
-
-// secretMemo holds the data of the Secrets resources reference, by
-// resourceVersion. A rotation changes the version, so the next pass reads
-// the new data; a Secret found gone is dropped. It holds what the sink
-// pools already hold (the values the manager connects with), for the
-// Secrets in use only: it knows which resources use each Secret, and a
-// Secret is dropped with its last user (a resource deleted, or one whose
-// spec no longer references it), so no credential outlives its use.
-type secretMemo struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]*corev1.Secret
-	// users of each remembered Secret, and the Secrets of each user.
-	users  map[types.NamespacedName]map[types.NamespacedName]bool
-	usedBy map[types.NamespacedName]map[types.NamespacedName]bool
-}
-
-// use records that owner's last pass read exactly the Secrets in secrets;
-// those it no longer uses, and no one else does, are dropped.
-func (m *secretMemo) use(owner types.NamespacedName, secrets map[types.NamespacedName]bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.users == nil {
-		m.users = map[types.NamespacedName]map[types.NamespacedName]bool{}
-		m.usedBy = map[types.NamespacedName]map[types.NamespacedName]bool{}
-	}
-	for key := range m.usedBy[owner] {
-		if !secrets[key] {
-			m.release(owner, key)
-		}
-	}
-	if len(secrets) == 0 {
-		delete(m.usedBy, owner)
-		return
-	}
-	mine := map[types.NamespacedName]bool{}
-	for key := range secrets {
-		mine[key] = true
-		if m.users[key] == nil {
-			m.users[key] = map[types.NamespacedName]bool{}
-		}
-		m.users[key][owner] = true
-	}
-	m.usedBy[owner] = mine
-	// A Secret read but not found (or not remembered) has no data here;
-	// its users are kept so the next read is remembered for them.
-}
-
-// forget drops owner's use of every Secret, and the Secrets no other
-// resource uses: a deleted resource's credentials leave the heap with it.
-func (m *secretMemo) forget(owner types.NamespacedName) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for key := range m.usedBy[owner] {
-		m.release(owner, key)
-	}
-	delete(m.usedBy, owner)
-}
-
-// release drops owner as a user of key, and key's data with its last user.
-// The caller holds mu.
-func (m *secretMemo) release(owner, key types.NamespacedName) {
-	delete(m.usedBy[owner], key)
-	delete(m.users[key], owner)
-	if len(m.users[key]) == 0 {
-		delete(m.users, key)
-		delete(m.m, key)
-	}
-}
-
-// len is how many Secrets the memo holds data of.
-func (m *secretMemo) len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.m)
-}
-
-func (m *secretMemo) get(key types.NamespacedName, resourceVersion string) (*corev1.Secret, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sec, ok := m.m[key]
-	if !ok || resourceVersion == "" || sec.ResourceVersion != resourceVersion {
-		return nil, false
-	}
-	return sec, true
-}
-
-func (m *secretMemo) put(key types.NamespacedName, sec *corev1.Secret) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.m == nil {
-		m.m = map[types.NamespacedName]*corev1.Secret{}
-	}
-	// Only what the passes read: no managed fields, labels or annotations.
-	m.m[key] = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: sec.Namespace, Name: sec.Name, UID: sec.UID,
-		ResourceVersion: sec.ResourceVersion}, Data: sec.Data}
-}
-
-func (m *secretMemo) drop(key types.NamespacedName) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.m, key)
 }
 
 // secretValueMAC is one referenced value's part of the rollout hash:

@@ -43,29 +43,28 @@ const (
 	sinkAll = sinkInbox | sinkEffect | sinkRetention
 )
 
-// sinkMemo spares the sink database the checks of a pass that a child's
+// The sink memo (the last sinkSnapshot, kept in the reconciler's memory)
+// spares the sink database the checks of a pass that a child's
 // change woke: a Deployment's status moving (a pod ready, a node drained)
 // wakes its owner, and with 1,000 consumers on one database each wake cost
 // the inbox's up-to-date query, the effect's catalog checks and the
 // window's row lock. A healthy sink is checked when the generation, the
 // rendered config or the Secret data change (the window also on a new
-// broker reading),
-// and otherwise once per --recheck-period, so a DROP or REVOKE behind the
-// controller's back is seen by the next pass after it (a running
-// runtime sees a lost inbox within 5 s and its readiness wakes the pass). A pass is never spared while the consumer
+// broker reading), and otherwise once per --recheck-period, so a DROP or
+// REVOKE behind the controller's back is seen by the next pass after it (a
+// running runtime sees a lost inbox within 5 s and its readiness wakes the
+// pass). A pass is never spared while the consumer
 // Deployment is not available, nor after a read of the runtime's records
 // failed (distrustSink). A check that failed or did not complete is
 // never reused, so a sink that is not ready is still checked on every pass
 // (and within --recheck-period). The runtime's records (the last prune run,
 // id conflicts, the outbox) are read on every pass: they are what a Job's
 // or a pod's change comes to report.
-type sinkMemo struct{ *perResource[sinkSnapshot] }
 
-func newSinkMemo() *sinkMemo { return &sinkMemo{newPerResource[sinkSnapshot]()} }
-
-// fresh returns the snapshot for key taken less than ttl before now.
-func (m *sinkMemo) fresh(owner types.NamespacedName, key string, now time.Time, ttl time.Duration) (sinkSnapshot, bool) {
-	snap, ok := m.get(owner)
+// freshSnapshot returns owner's snapshot for key taken less than ttl
+// before now.
+func freshSnapshot(m *memory, owner types.NamespacedName, key string, now time.Time, ttl time.Duration) (sinkSnapshot, bool) {
+	snap, ok := m.sinkSnapshot(owner)
 	if !ok || snap.key != key || now.Sub(snap.at) >= ttl || now.Before(snap.at) {
 		return sinkSnapshot{}, false
 	}
@@ -87,7 +86,7 @@ func sinkMemoKey(s *scope) string {
 // change is what woke the pass.
 func (r *Reconciler) reuseSink(ctx context.Context, s *scope) {
 	key := sinkMemoKey(s)
-	if snap, ok := r.sinkMemo.fresh(s.key, key, r.opts.Clock.Now(), r.opts.RecheckPeriod); ok && r.consumersAvailable(ctx, s) {
+	if snap, ok := freshSnapshot(r.memory, s.key, key, r.opts.Clock.Now(), r.opts.RecheckPeriod); ok && r.consumersAvailable(ctx, s) {
 		s.reused = &snap
 		return
 	}
@@ -114,7 +113,7 @@ func (r *Reconciler) recordSink(s *scope) {
 	switch {
 	case s.recording == nil:
 	case s.recording.done != sinkAll:
-		r.sinkMemo.forget(s.key)
+		r.memory.dropSinkSnapshot(s.key)
 	default:
 		if s.reading != nil && s.reading.at.Before(s.recording.at) {
 			s.recording.at = s.reading.at
@@ -122,7 +121,7 @@ func (r *Reconciler) recordSink(s *scope) {
 		// The config as the pass left it: the inbox phase may have given it
 		// the inbox's epoch.
 		s.recording.key = sinkMemoKey(s)
-		r.sinkMemo.put(s.key, *s.recording)
+		r.memory.putSinkSnapshot(s.key, *s.recording)
 	}
 }
 
@@ -130,6 +129,6 @@ func (r *Reconciler) recordSink(s *scope) {
 // of the runtime's records failed, so the sink itself is checked again on
 // the next pass.
 func (r *Reconciler) distrustSink(s *scope) {
-	r.sinkMemo.forget(s.key)
+	r.memory.dropSinkSnapshot(s.key)
 	s.recording = nil
 }

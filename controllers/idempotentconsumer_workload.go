@@ -57,6 +57,6 @@ func (r *Reconciler) applyOrRemove(ctx context.Context, s *scope, obj client.Obj
 	if err := r.client.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
 	}
-	r.applied.forgetChild(client.ObjectKeyFromObject(s.idc), obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
+	r.memory.forgetChild(client.ObjectKeyFromObject(s.idc), obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
 	return nil
 }

@@ -249,7 +249,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		client: h.c, secrets: h.c, live: h.c, scheme: scheme, recorder: events.NewFakeRecorder(100),
 		opts: Options{RuntimeImage: "idc-operator:test", RetentionPeriod: fakePeriod, MaxConcurrent: 1, Clock: h.clk,
 			Sink: h.sink, Broker: h.broker, RecheckPeriod: DefaultRecheckPeriod, DropTimeout: time.Minute},
-		readings: newBrokerReadings(), applied: newAppliedChildren(), sinkMemo: newSinkMemo(),
+		memory: newMemory(),
 	}
 	return h
 }

@@ -47,7 +47,7 @@ type scope struct {
 	// liveReplicas is the consumer Deployment's spec.replicas as read
 	// back, whoever set it.
 	liveReplicas int32
-	// reused is the sink checks' snapshot this pass reuses (sinkMemo);
+	// reused is the sink checks' snapshot this pass reuses (the sink memo);
 	// recording is the one it takes instead. At most one is set.
 	reused, recording *sinkSnapshot
 	// claim is what the resource claims of its inbox (ownerClaim), set by

@@ -30,10 +30,8 @@ func TestSecretMemoForgetsWithItsLastUser(t *testing.T) {
 		}
 	}
 	held := func() map[string]bool {
-		h.r.secretMemo.mu.Lock()
-		defer h.r.secretMemo.mu.Unlock()
 		out := map[string]bool{}
-		for k := range h.r.secretMemo.m {
+		for _, k := range h.r.memory.heldSecrets() {
 			out[k.Name] = true
 		}
 		return out
@@ -83,12 +81,10 @@ func TestSecretMemoForgetsWithItsLastUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	reconcile("payments")
-	if n := h.r.secretMemo.len(); n != 0 {
-		t.Fatalf("memo holds %d Secrets (%v) after every user was deleted, want 0: credentials outlive the resources", n, held())
+	if got := held(); len(got) != 0 {
+		t.Fatalf("memory holds Secrets %v after every user was deleted, want none: credentials outlive the resources", got)
 	}
-	h.r.secretMemo.mu.Lock()
-	defer h.r.secretMemo.mu.Unlock()
-	if len(h.r.secretMemo.users) != 0 || len(h.r.secretMemo.usedBy) != 0 {
-		t.Fatalf("memo bookkeeping left: users %v usedBy %v", h.r.secretMemo.users, h.r.secretMemo.usedBy)
+	if resources, users := h.r.memory.size(); resources != 0 || users != 0 {
+		t.Fatalf("memory left %d resource records and %d Secret users after every resource was deleted, want none", resources, users)
 	}
 }
