@@ -350,3 +350,17 @@ func sequenceColumn(u *messagingv1alpha1.UpsertEffect, entity *messagingv1alpha1
 	}
 	return ""
 }
+
+// withHTTPDenyNetworks puts the manager's deny list into an http effect's
+// config (re-encoding it and its hash); other effects are left as they are.
+func (rc *renderedConfig) withHTTPDenyNetworks(nets []string) error {
+	h := rc.Config.Sink.Effect.HTTP
+	if h == nil || len(nets) == 0 {
+		return nil
+	}
+	h.DenyNetworks = append([]string(nil), nets...)
+	if err := rc.Config.Validate(); err != nil {
+		return fmt.Errorf("rendering the runtime config: %w", err)
+	}
+	return rc.encode()
+}

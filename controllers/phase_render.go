@@ -1,12 +1,18 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
 )
 
 // eventInsecureSkipVerify is the Warning event of a spec that turns TLS
@@ -46,20 +52,6 @@ func (r *Reconciler) imageRefusal(idc *messagingv1alpha1.IdempotentConsumer) str
 	}
 	return fmt.Sprintf("spec.runtime.image %q is not an image this operator runs (allowed: %s); remove spec.runtime.image, or have the operator's administrator add it to --allowed-runtime-images (Helm value allowedRuntimeImages). Nothing was deployed with it",
 		image, strings.Join(allowed, ", "))
-}
-
-// withHTTPDenyNetworks puts the manager's deny list into an http effect's
-// config (re-encoding it and its hash); other effects are left as they are.
-func (rc *renderedConfig) withHTTPDenyNetworks(nets []string) error {
-	h := rc.Config.Sink.Effect.HTTP
-	if h == nil || len(nets) == 0 {
-		return nil
-	}
-	h.DenyNetworks = append([]string(nil), nets...)
-	if err := rc.Config.Validate(); err != nil {
-		return fmt.Errorf("rendering the runtime config: %w", err)
-	}
-	return rc.encode()
 }
 
 // insecureTLSFields lists the tls blocks of the spec that turn certificate
@@ -114,4 +106,88 @@ func (r *Reconciler) warnInsecureTLS(s *scope) {
 	if s.before.Status.ObservedGeneration != s.idc.Generation {
 		r.recorder.Eventf(s.idc, nil, corev1.EventTypeWarning, eventInsecureSkipVerify, "Render", "%s", s.obs.warning)
 	}
+}
+
+func runtimeImageFor(idc *messagingv1alpha1.IdempotentConsumer, defaultImage string) string {
+	if idc.Spec.Runtime.Image != "" {
+		return idc.Spec.Runtime.Image
+	}
+	return defaultImage
+}
+
+// validateSQLParams: the statement's :name parameters and spec params must
+// match both ways. CEL cannot parse SQL, so the controller checks it and
+// stalls with InvalidSpec.
+func validateSQLParams(cfg *config.Config) error {
+	s := cfg.Sink.Effect.SQL
+	if s == nil {
+		return nil
+	}
+	_, names, err := effect.ConvertNamedParams(s.Statement)
+	if err != nil {
+		return fmt.Errorf("spec.sink.effect.sql.statement: %w", err)
+	}
+	params := make([]string, 0, len(s.Params))
+	for k := range s.Params {
+		params = append(params, k)
+	}
+	sort.Strings(params)
+	for _, n := range names {
+		if _, ok := s.Params[n]; !ok {
+			return fmt.Errorf("spec.sink.effect.sql.statement uses :%s, which is not in spec.sink.effect.sql.params (%s)", n, strings.Join(params, ", "))
+		}
+	}
+	for _, n := range params {
+		if !slices.Contains(names, n) {
+			return fmt.Errorf("spec.sink.effect.sql.params.%s is not used by the statement (no :%s in spec.sink.effect.sql.statement)", n, n)
+		}
+	}
+	return nil
+}
+
+// renderPhase renders the runtime config; a spec that does not render
+// stalls with InvalidSpec naming the field.
+func (r *Reconciler) renderPhase(_ context.Context, s *scope) (ctrl.Result, error) {
+	s.idc.Status.Source = sourceSummary(s.idc)
+	s.idc.Status.Guarantee = guaranteeFor(s.idc)
+	rc, err := renderConfig(s.idc)
+	if err == nil {
+		err = validateSQLParams(rc.Config)
+	}
+	if err == nil {
+		err = rc.withHTTPDenyNetworks(r.opts.HTTPDenyNetworks)
+	}
+	if err != nil {
+		s.stall(messagingv1alpha1.ReasonInvalidSpec, err.Error())
+		return ctrl.Result{}, nil
+	}
+	if msg := r.imageRefusal(s.idc); msg != "" {
+		s.stall(messagingv1alpha1.ReasonImageNotAllowed, msg)
+		return ctrl.Result{}, nil
+	}
+	r.warnInsecureTLS(s)
+	s.rc = rc
+	return ctrl.Result{}, nil
+}
+
+func sourceSummary(idc *messagingv1alpha1.IdempotentConsumer) string {
+	s := idc.Spec.Source
+	switch {
+	case s.NATSJetStream != nil:
+		return fmt.Sprintf("NATSJetStream %s/%s", s.NATSJetStream.Stream, s.NATSJetStream.Consumer)
+	case s.Kafka != nil:
+		return fmt.Sprintf("Kafka %v/%s", s.Kafka.Topics, s.Kafka.ConsumerGroup)
+	case s.RabbitMQ != nil:
+		return "RabbitMQ " + s.RabbitMQ.Queue
+	case s.RedisStreams != nil:
+		return fmt.Sprintf("RedisStreams %s/%s", s.RedisStreams.Stream, s.RedisStreams.Group)
+	}
+	return ""
+}
+
+func guaranteeFor(idc *messagingv1alpha1.IdempotentConsumer) messagingv1alpha1.Guarantee {
+	if idc.Spec.Sink.Effect.HTTP != nil {
+		return messagingv1alpha1.GuaranteeAtLeastOnceWithIdempotencyKey
+	}
+	return messagingv1alpha1.GuaranteeExactlyOnceEffect
 }

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -102,13 +100,4 @@ func lastPruneStatus(run *inbox.PruneRun) *messagingv1alpha1.PruneRunStatus {
 		}
 	}
 	return st
-}
-
-func unstructuredOf(obj map[string]any, gvk schema.GroupVersionKind) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{Object: obj}
-	u.SetGroupVersionKind(gvk)
-	// Fields the server owns must not be part of an apply request.
-	unstructured.RemoveNestedField(u.Object, "status")
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	return u
 }

@@ -2,35 +2,25 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
-	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
-
-// FinalizerDropInbox guards the inbox tables of a resource whose
-// deletionPolicy is Delete: they are dropped before the resource goes.
-const FinalizerDropInbox = "messaging.idempotency.dev/drop-inbox"
 
 // fieldOwner is the server-side apply field manager of rendered children.
 const fieldOwner = client.FieldOwner("idc-operator")
@@ -219,41 +209,23 @@ func (r *Reconciler) recheck() ctrl.Result {
 	return ctrl.Result{RequeueAfter: d - time.Duration(rand.Float64()*0.1*float64(d))}
 }
 
-// CacheOptions are the manager's cache settings: the watched namespaces,
-// and for the children only the objects that carry the operator's
-// managed-by label, so memory grows with the operator's own objects, not
-// with the cluster's ConfigMaps, Deployments, CronJobs and Jobs. No cached
-// object keeps its managedFields (nothing here reads them; with
-// server-side apply they are often the largest part of an object).
-func CacheOptions(namespaces map[string]cache.Config) cache.Options {
-	mine := labels.SelectorFromSet(labels.Set{specs.LabelManagedBy: specs.ManagedBy})
-	byObject := map[client.Object]cache.ByObject{}
-	for _, obj := range []client.Object{&corev1.ConfigMap{}, &appsv1.Deployment{}, &batchv1.CronJob{}, &batchv1.Job{},
-		&policyv1.PodDisruptionBudget{}, &networkingv1.NetworkPolicy{}} {
-		byObject[obj] = cache.ByObject{Label: mine, Transform: slimChild}
+// patchStatus projects the conditions from what the pass observed, stamps
+// observedGeneration after a pass without error, emits events on
+// transitions and writes status, with a merge patch, only when it differs
+// from what was read.
+func (r *Reconciler) patchStatus(ctx context.Context, s *scope, passErr error) error {
+	s.obs.err = passErr
+	setConditions(s.idc, &s.obs)
+	if passErr == nil {
+		s.idc.Status.ObservedGeneration = s.idc.Generation
 	}
-	return cache.Options{DefaultNamespaces: namespaces, ByObject: byObject, DefaultTransform: cache.TransformStripManagedFields()}
-}
-
-// slimChild drops from a cached child what the reconciler never reads: the
-// managedFields, the pod templates and a ConfigMap's data. The reconciler
-// reads a child's owner, labels, annotations, generation, resourceVersion,
-// replicas and status; everything it writes it renders whole and applies,
-// and a change someone makes to a template still moves the generation the
-// reconciler compares.
-func slimChild(in any) (any, error) {
-	if o, ok := in.(client.Object); ok {
-		o.SetManagedFields(nil)
+	if equality.Semantic.DeepEqual(s.before.Status, s.idc.Status) {
+		return nil
 	}
-	switch o := in.(type) {
-	case *appsv1.Deployment:
-		o.Spec.Template = corev1.PodTemplateSpec{}
-	case *batchv1.CronJob:
-		o.Spec.JobTemplate = batchv1.JobTemplateSpec{}
-	case *batchv1.Job:
-		o.Spec.Template = corev1.PodTemplateSpec{}
-	case *corev1.ConfigMap:
-		o.Data, o.BinaryData = nil, nil
+	r.emitTransitions(s.before, s.idc)
+	statusPatches.Inc()
+	if err := r.client.Status().Patch(ctx, s.idc, client.MergeFrom(s.before)); err != nil {
+		return fmt.Errorf("patching status: %w", err)
 	}
-	return in, nil
+	return nil
 }

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
@@ -147,4 +147,17 @@ func amqpEndpoint(uri string) string {
 		}
 	}
 	return strings.ToLower(u.Hostname()) + ":" + port + "/" + vhost
+}
+
+// conflictPhase stalls a resource that claims the inbox table or broker
+// consumer an older resource owns.
+func (r *Reconciler) conflictPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	conflict, err := r.findConflict(ctx, s.idc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if conflict != "" {
+		s.stall(messagingv1alpha1.ReasonConflict, conflict)
+	}
+	return ctrl.Result{}, nil
 }

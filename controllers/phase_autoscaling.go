@@ -17,6 +17,26 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
+// +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects;triggerauthentications,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get
+
+// kedaHPAPrefix is how KEDA names the HorizontalPodAutoscaler it makes for
+// a ScaledObject (keda-hpa-<name>).
+const kedaHPAPrefix = "keda-hpa-"
+
+// autoscaled is the resource's autoscaling spec, nil when it scales by
+// spec.runtime.replicas.
+func autoscaled(idc *messagingv1alpha1.IdempotentConsumer) *messagingv1alpha1.AutoscalingSpec {
+	return idc.Spec.Runtime.Autoscaling
+}
+
+// replicasWithoutKEDA is what the Deployment runs when autoscaling is
+// declared but KEDA is not installed: minReplicas, and 1 for minReplicas
+// 0, since nothing would ever wake a consumer at 0.
+func replicasWithoutKEDA(a *messagingv1alpha1.AutoscalingSpec) int32 {
+	return max(a.MinReplicasOrDefault(), 1)
+}
+
 // autoscalingPhase renders the ScaledObject and TriggerAuthentication when
 // spec.runtime.autoscaling is set and KEDA is installed, removes the ones a
 // resource no longer wants, and reads what KEDA decided for the status.
@@ -176,13 +196,4 @@ func emptyTriggerAuth(idc *messagingv1alpha1.IdempotentConsumer) *unstructured.U
 	ta.SetNamespace(idc.Namespace)
 	ta.SetName(specs.TriggerAuthName(idc))
 	return ta
-}
-
-// setScale records the desired replicas and why in the status.
-func (s *scope) setScale(desired int32, why string) {
-	if s.idc.Status.Runtime == nil {
-		return
-	}
-	s.idc.Status.Runtime.DesiredReplicas = &desired
-	s.idc.Status.Runtime.ScaleReason = why
 }

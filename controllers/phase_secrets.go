@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -12,31 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
-
-// secretIndexKey indexes IdempotentConsumers by the Secrets they reference so
-// a Secret change is mapped back to its owners.
-const secretIndexKey = ".spec.secretRefs"
-
-// secretNames lists the Secrets a resource references (for the field index).
-func secretNames(idc *messagingv1alpha1.IdempotentConsumer) []string {
-	rc, err := renderConfig(idc)
-	if err != nil {
-		return nil
-	}
-	seen := map[string]bool{}
-	var out []string
-	for _, s := range rc.Secrets {
-		if !seen[s.Ref.Name] {
-			seen[s.Ref.Name] = true
-			out = append(out, s.Ref.Name)
-		}
-	}
-	return out
-}
 
 // resolvedSecrets holds the credential values by env var name, for the
 // controller's own connections (database, broker introspection). They are
@@ -135,4 +116,22 @@ func secretValueMAC(uid types.UID, s specs.SecretEnv, value []byte) []byte {
 	_, _ = fmt.Fprintf(mac, "%s\x00%s\x00%s\x00%d\x00", s.Env, s.Ref.Name, s.Ref.Key, len(value))
 	mac.Write(value)
 	return mac.Sum(nil)
+}
+
+// secretsPhase reads every referenced Secret key. A missing one fails the
+// pass: the Secret watch brings it back when it appears, the backoff in
+// case the watch is not enough.
+func (r *Reconciler) secretsPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	secrets, err := r.resolveSecrets(ctx, s.idc, s.rc)
+	var se *secretError
+	if errors.As(err, &se) {
+		s.obs.secrets = failed(se.reason, se.message)
+		return ctrl.Result{}, err
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	s.secrets = secrets
+	s.obs.secrets = okOutcome(messagingv1alpha1.ReasonReady, "all referenced Secrets found")
+	return ctrl.Result{}, nil
 }

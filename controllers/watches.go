@@ -24,6 +24,54 @@ import (
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 )
 
+// inboxAnnotationChanged wakes a resource when a person adopts an inbox or
+// accepts a loss.
+var inboxAnnotationChanged = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
+		return o[messagingv1alpha1.AnnotationAdoptInboxFrom] != n[messagingv1alpha1.AnnotationAdoptInboxFrom] ||
+			o[messagingv1alpha1.AnnotationAcceptInboxLoss] != n[messagingv1alpha1.AnnotationAcceptInboxLoss]
+	},
+}
+
+// redriveAnnotationChanged passes updates that change the redrive
+// annotations, which GenerationChangedPredicate does not see.
+var redriveAnnotationChanged = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
+		return o[messagingv1alpha1.AnnotationRedrive] != n[messagingv1alpha1.AnnotationRedrive] ||
+			o[messagingv1alpha1.AnnotationRedriveReason] != n[messagingv1alpha1.AnnotationRedriveReason] ||
+			o[messagingv1alpha1.AnnotationRedriveIDs] != n[messagingv1alpha1.AnnotationRedriveIDs]
+	},
+}
+
+// secretIndexKey indexes IdempotentConsumers by the Secrets they reference so
+// a Secret change is mapped back to its owners.
+const secretIndexKey = ".spec.secretRefs"
+
+// secretNames lists the Secrets a resource references (for the field index).
+func secretNames(idc *messagingv1alpha1.IdempotentConsumer) []string {
+	rc, err := renderConfig(idc)
+	if err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range rc.Secrets {
+		if !seen[s.Ref.Name] {
+			seen[s.Ref.Name] = true
+			out = append(out, s.Ref.Name)
+		}
+	}
+	return out
+}
+
 // SetupWithManager registers the controller, its watches and field indexes.
 // The manager's cache must be built with CacheOptions.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {

@@ -2,20 +2,14 @@ package controllers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/specs"
@@ -129,104 +123,22 @@ func pruneOutcome(idc *messagingv1alpha1.IdempotentConsumer, window time.Duratio
 		fmt.Sprintf("prune runs on %q and deletes ids older than %s", idc.Spec.Retention.Prune.Schedule, window))
 }
 
-// conflictError is a child object of the same name that another owner holds.
-type conflictError struct{ kind, name, owner string }
-
-func (e *conflictError) Error() string {
-	return fmt.Sprintf("%s %q exists and is not owned by this IdempotentConsumer (owner: %s); rename or delete it", e.kind, e.name, e.owner)
-}
-
-// appliedChild is what the manager last applied for one child: the
-// rendering's hash and the generation (resourceVersion for objects without
-// one) the API server returned.
-type appliedChild struct {
-	hash    string
-	version string
-	// refused: the API server refused this rendering as invalid (an
-	// *invalidChildError); it is not sent again.
-	refused error
-}
-
-// liveVersion is what tells that someone changed a live child: its
-// generation, or its resourceVersion when it has none (a ConfigMap).
-func liveVersion(o client.Object) string {
-	if g := o.GetGeneration(); g != 0 {
-		return fmt.Sprintf("g%d", g)
+// deploymentAvailable reads the Deployment's Available condition for the
+// current generation.
+func deploymentAvailable(d *appsv1.Deployment) (bool, string) {
+	if d == nil {
+		return false, "the Deployment does not exist yet"
 	}
-	return "rv" + o.GetResourceVersion()
-}
-
-// apply server-side-applies a rendered child owned by idc, unless this
-// process applied the same rendering to the same live version already. It
-// never applies over an object it could not read, nor over one another
-// owner holds (a conflictError).
-func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, obj client.Object) error {
-	gvk := obj.GetObjectKind().GroupVersionKind()
-	if err := controllerutil.SetControllerReference(idc, obj, r.scheme); err != nil {
-		return fmt.Errorf("owning %s %s: %w", gvk.Kind, obj.GetName(), err)
+	if d.Status.ObservedGeneration < d.Generation {
+		return false, fmt.Sprintf("the Deployment controller has not observed generation %d yet", d.Generation)
 	}
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return fmt.Errorf("converting %s %s: %w", gvk.Kind, obj.GetName(), err)
-	}
-	un := unstructuredOf(u, gvk)
-	raw, err := json.Marshal(un.Object)
-	if err != nil {
-		return fmt.Errorf("hashing %s %s: %w", gvk.Kind, obj.GetName(), err)
-	}
-	sum := sha256.Sum256(raw)
-	hash := hex.EncodeToString(sum[:12])
-	owner, child := client.ObjectKeyFromObject(idc), gvk.Kind+"/"+obj.GetName()
-	if last, ok := r.memory.appliedChild(owner, child); ok && last.hash == hash && last.refused != nil {
-		// Refused as invalid: the same rendering is refused again.
-		return last.refused
-	}
-
-	existing, err := r.readChild(ctx, obj)
-	if err != nil {
-		return err
-	}
-	if existing != nil {
-		if !metav1.IsControlledBy(existing, idc) {
-			holder := "none"
-			if ref := metav1.GetControllerOf(existing); ref != nil {
-				holder = ref.Kind + "/" + ref.Name
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentAvailable {
+			if c.Status == corev1.ConditionTrue {
+				return true, fmt.Sprintf("%d/%d replicas ready", d.Status.ReadyReplicas, ptr.Deref(d.Spec.Replicas, 1))
 			}
-			return &conflictError{kind: gvk.Kind, name: obj.GetName(), owner: holder}
-		}
-		if last, ok := r.memory.appliedChild(owner, child); ok && last.hash == hash && last.version == liveVersion(existing) {
-			return nil
+			return false, fmt.Sprintf("Deployment not available: %s", c.Message)
 		}
 	}
-	childApplies.WithLabelValues(gvk.Kind).Inc()
-	applied := un.DeepCopy()
-	if err := r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), fieldOwner, client.ForceOwnership); err != nil {
-		if refused := invalidChild(gvk.Kind, obj.GetName(), err); refused != nil {
-			r.memory.putAppliedChild(owner, child, appliedChild{hash: hash, refused: refused})
-			return refused
-		}
-		return fmt.Errorf("applying %s %s: %w", gvk.Kind, obj.GetName(), err)
-	}
-	r.memory.putAppliedChild(owner, child, appliedChild{hash: hash, version: liveVersion(applied)})
-	return nil
-}
-
-// readChild reads a child from the cache and, when the cache does not hold
-// it, from the API server: the cache holds only objects with the
-// operator's managed-by label, so one of the same name that someone else
-// created is seen only there. nil means there is none.
-func (r *Reconciler) readChild(ctx context.Context, obj client.Object) (client.Object, error) {
-	gvk := obj.GetObjectKind().GroupVersionKind()
-	existing := obj.DeepCopyObject().(client.Object)
-	err := r.client.Get(ctx, client.ObjectKeyFromObject(obj), existing)
-	if apierrors.IsNotFound(err) {
-		err = r.live.Get(ctx, client.ObjectKeyFromObject(obj), existing)
-	}
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("reading %s %s before applying it: %w", gvk.Kind, obj.GetName(), err)
-	}
-	return existing, nil
+	return false, fmt.Sprintf("waiting for the Deployment to report availability (%d/%d replicas ready)", d.Status.ReadyReplicas, ptr.Deref(d.Spec.Replicas, 1))
 }

@@ -13,8 +13,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/specs"
@@ -219,18 +217,4 @@ func (r *Reconciler) finishRedrive(ctx context.Context, s *scope, jobs map[strin
 	}
 	idc.Status.LastRedrive = next
 	return nil
-}
-
-// redriveAnnotationChanged passes updates that change the redrive
-// annotations, which GenerationChangedPredicate does not see.
-var redriveAnnotationChanged = predicate.Funcs{
-	CreateFunc:  func(event.CreateEvent) bool { return false },
-	DeleteFunc:  func(event.DeleteEvent) bool { return false },
-	GenericFunc: func(event.GenericEvent) bool { return false },
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
-		return o[messagingv1alpha1.AnnotationRedrive] != n[messagingv1alpha1.AnnotationRedrive] ||
-			o[messagingv1alpha1.AnnotationRedriveReason] != n[messagingv1alpha1.AnnotationRedriveReason] ||
-			o[messagingv1alpha1.AnnotationRedriveIDs] != n[messagingv1alpha1.AnnotationRedriveIDs]
-	},
 }

@@ -10,16 +10,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/utils/clock"
 
-	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
-
-// +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects;triggerauthentications,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get
-
-// kedaHPAPrefix is how KEDA names the HorizontalPodAutoscaler it makes for
-// a ScaledObject (keda-hpa-<name>).
-const kedaHPAPrefix = "keda-hpa-"
 
 // KEDADetector tells whether KEDA's API (keda.sh/v1alpha1 ScaledObject and
 // TriggerAuthentication) is served.
@@ -77,17 +69,4 @@ func (d *discoveryKEDA) Forget() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.known = false
-}
-
-// autoscaled is the resource's autoscaling spec, nil when it scales by
-// spec.runtime.replicas.
-func autoscaled(idc *messagingv1alpha1.IdempotentConsumer) *messagingv1alpha1.AutoscalingSpec {
-	return idc.Spec.Runtime.Autoscaling
-}
-
-// replicasWithoutKEDA is what the Deployment runs when autoscaling is
-// declared but KEDA is not installed: minReplicas, and 1 for minReplicas
-// 0, since nothing would ever wake a consumer at 0.
-func replicasWithoutKEDA(a *messagingv1alpha1.AutoscalingSpec) int32 {
-	return max(a.MinReplicasOrDefault(), 1)
 }

@@ -2,17 +2,20 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -109,15 +112,88 @@ func setInboxLost(idc *messagingv1alpha1.IdempotentConsumer, lost bool) {
 	inboxLost.WithLabelValues(idc.Namespace, idc.Name).Set(v)
 }
 
-// inboxAnnotationChanged wakes a resource when a person adopts an inbox or
-// accepts a loss.
-var inboxAnnotationChanged = predicate.Funcs{
-	CreateFunc:  func(event.CreateEvent) bool { return false },
-	DeleteFunc:  func(event.DeleteEvent) bool { return false },
-	GenericFunc: func(event.GenericEvent) bool { return false },
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.GetAnnotations(), e.ObjectNew.GetAnnotations()
-		return o[messagingv1alpha1.AnnotationAdoptInboxFrom] != n[messagingv1alpha1.AnnotationAdoptInboxFrom] ||
-			o[messagingv1alpha1.AnnotationAcceptInboxLoss] != n[messagingv1alpha1.AnnotationAcceptInboxLoss]
-	},
+// inboxPhase provisions the inbox and records the resource as its owner.
+// A failure halts the pass (nothing after it can run without the inbox)
+// and is checked again within RecheckPeriod; a privilege or connection
+// string only a person can fix also stalls it, and so do an inbox another
+// resource owns (Conflict) and a lost one (InboxLost).
+func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	claim, err := r.ownerClaim(ctx, s.idc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	s.claim = claim
+	r.reuseSink(ctx, s)
+	if snap := s.reused; snap != nil {
+		s.idc.Status.Inbox = snap.inbox.DeepCopy()
+		s.obs.inbox = snap.inboxObs
+		return ctrl.Result{}, nil
+	}
+	ens, err := r.opts.Sink.Ensure(ctx, s.target())
+	var owned *inbox.OwnedError
+	var lost *inbox.LostError
+	switch {
+	case errors.As(err, &owned):
+		msg := ownedMessage(owned)
+		s.obs.inbox = failed(messagingv1alpha1.ReasonConflict, msg)
+		s.stall(messagingv1alpha1.ReasonConflict, msg)
+		return ctrl.Result{}, nil
+	case errors.As(err, &lost):
+		setInboxLost(s.idc, true)
+		msg := lostMessage(s.idc.Name, lost)
+		s.halt()
+		return r.sinkFault(ctx, s, &s.obs.inbox, messagingv1alpha1.ReasonInboxLost, msg), nil
+	case err != nil:
+		reason, msg := classifyDBError(s.idc, err)
+		var named *sinkdb.EffectProblem
+		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) {
+			// A refusal the sink client could not narrow down to one grant
+			// (explainInboxPrivilege names it when it can).
+			msg += fmt.Sprintf(" (GRANT USAGE, CREATE ON SCHEMA %s TO the role)", pgx.Identifier{s.rc.Config.Sink.Schema}.Sanitize())
+		}
+		s.halt()
+		return r.sinkFault(ctx, s, &s.obs.inbox, reason, msg), nil
+	}
+	setInboxLost(s.idc, false)
+	r.inboxEvents(s, ens)
+	if err := s.rc.withEpoch(ens.Identity.Epoch); err != nil {
+		return ctrl.Result{}, err
+	}
+	s.idc.Status.Inbox = inboxStatusFor(s.rc.Config, ens)
+	s.obs.inbox = okOutcome(messagingv1alpha1.ReasonProvisioned,
+		fmt.Sprintf("inbox %s (layout %s, schema version %d, epoch %s) and its dead-letter and prune-run tables exist, owned by this resource", s.idc.Status.Inbox.Table, s.rc.Config.Sink.Layout, ens.Version, ens.Identity.Epoch))
+	if s.recording != nil {
+		s.recording.inbox, s.recording.inboxObs = s.idc.Status.Inbox.DeepCopy(), s.obs.inbox
+		s.recording.done |= sinkInbox
+	}
+	return ctrl.Result{}, nil
+}
+
+// inboxEvents says what a person's annotation, or a restore, made the
+// migration do.
+func (r *Reconciler) inboxEvents(s *scope, ens sinkdb.Ensured) {
+	if !ens.Migrated {
+		return
+	}
+	table := s.rc.Config.Sink.Schema + "." + s.rc.Config.Sink.InboxTable
+	if s.claim.AcceptLoss {
+		r.recorder.Eventf(s.idc, nil, corev1.EventTypeWarning, messagingv1alpha1.ReasonInboxLossAccepted, "AcceptInboxLoss",
+			"accepted the loss of inbox %s epoch %s (annotation %s); it continues as epoch %s: messages from before the loss may be applied again",
+			table, s.claim.Epoch, messagingv1alpha1.AnnotationAcceptInboxLoss, ens.Identity.Epoch)
+	}
+	if ens.Adopted {
+		r.recorder.Eventf(s.idc, nil, corev1.EventTypeNormal, messagingv1alpha1.ReasonInboxAdopted, "AdoptInbox",
+			"took over inbox %s (epoch %s, its claims kept), recorded for %s", table, ens.Identity.Epoch, ens.Previous)
+	}
+}
+
+// inboxStatusFor is status.inbox for a provisioned inbox.
+func inboxStatusFor(cfg *config.Config, ens sinkdb.Ensured) *messagingv1alpha1.InboxStatus {
+	return &messagingv1alpha1.InboxStatus{
+		Table:         cfg.Sink.Schema + "." + cfg.Sink.InboxTable,
+		Layout:        messagingv1alpha1.InboxLayout(cfg.Sink.Layout),
+		SchemaVersion: int32(ens.Version),
+		Epoch:         ens.Identity.Epoch,
+		Database:      ens.Identity.Database,
+	}
 }
