@@ -1,9 +1,11 @@
 package controllers
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
@@ -40,5 +42,25 @@ func TestProjectRetention(t *testing.T) {
 	}
 	if st = projectRetention(retention.Applied{InForce: a.InForce}, t0); st.PendingWindow != "" || st.PendingSince != nil || st.ObservedAt == nil {
 		t.Fatalf("projection without a pending shrink %+v", st)
+	}
+}
+
+// An unbounded replay stalls, and reading the same unbounded broker again
+// writes nothing.
+func TestUnboundedReplayReadAgainWritesNothing(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.broker.err = fmt.Errorf("%w: stream ORDERS max_age=0", retention.ErrUnboundedReplay)
+	idc, _ := h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionStalled); got != "True/UnboundedReplay" {
+		t.Fatalf("Stalled = %s, want True/UnboundedReplay", got)
+	}
+	patches, _ := h.counts()
+	h.clk.Step(fakePeriod)
+	h.pass()
+	if h.broker.readCount() != 2 {
+		t.Fatalf("%d reads, want 2", h.broker.readCount())
+	}
+	if p, _ := h.counts(); p != patches {
+		t.Fatalf("a second read of the same unbounded broker wrote %d status patches, want none", p-patches)
 	}
 }

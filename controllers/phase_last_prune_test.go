@@ -38,3 +38,26 @@ func TestOlderThanRecorded(t *testing.T) {
 		}
 	}
 }
+
+func TestLastPruneStatusHeldBack(t *testing.T) {
+	finished := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	since := finished.Add(-3 * time.Hour)
+	run := &inbox.PruneRun{FinishedAt: &finished, Cutoff: since.Add(-5 * time.Second), WindowCutoff: finished.Add(-time.Minute),
+		RowsDeleted: 7, HeldReason: "replica r-1 stopped without acknowledging everything it committed", HeldSince: &since}
+	st := lastPruneStatus(run)
+	if st.HeldBack != run.HeldReason || st.HeldSince == nil || !st.HeldSince.Time.Equal(since) ||
+		st.WindowCutoff == nil || !st.WindowCutoff.Time.Equal(run.WindowCutoff) || st.RowsDeleted != 7 {
+		t.Fatalf("status %+v for run %+v", st, run)
+	}
+	if got := heldBackSeconds(st, finished.Add(time.Hour)); got != (4 * time.Hour).Seconds() {
+		t.Errorf("held back %v s, want %v", got, (4 * time.Hour).Seconds())
+	}
+	plain := &inbox.PruneRun{FinishedAt: &finished, Cutoff: finished.Add(-time.Minute), WindowCutoff: finished.Add(-time.Minute)}
+	st = lastPruneStatus(plain)
+	if st.HeldBack != "" || st.HeldSince != nil || st.WindowCutoff != nil {
+		t.Errorf("a run not held back shows %+v", st)
+	}
+	if got := heldBackSeconds(st, finished); got != 0 {
+		t.Errorf("held back %v s for a run not held back", got)
+	}
+}

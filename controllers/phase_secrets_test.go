@@ -13,8 +13,70 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
+
+// A Secret is read in full once per version: passes while it is unchanged
+// take its data from the memo, a rotation is read at the next pass and
+// rolls the pods, and a Secret deleted is reported at once.
+func TestSecretIsReadOncePerVersion(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.pass()
+	h.markAvailable()
+	h.pass()
+	for range 3 {
+		h.clk.Step(fakePeriod)
+		h.pass()
+	}
+	h.mu.Lock()
+	gets := h.secretGets
+	h.mu.Unlock()
+	if gets != 1 {
+		t.Errorf("%d Secret GETs in 5 passes with the Secret unchanged, want 1", gets)
+	}
+	before := h.deploymentSecretsHash()
+
+	ctx := context.Background()
+	var sec corev1.Secret
+	if err := h.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "db"}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data["dsn"] = []byte("postgres://db/rotated")
+	if err := h.c.Update(ctx, &sec); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	gets = h.secretGets // with the test's own read
+	h.mu.Unlock()
+	h.pass()
+	h.mu.Lock()
+	gets = h.secretGets - gets
+	h.mu.Unlock()
+	if gets != 1 {
+		t.Errorf("%d Secret GETs in the pass after a rotation, want 1", gets)
+	}
+	if got := h.sink.lastDSN(); got != "postgres://db/rotated" {
+		t.Errorf("the sink was reached with %q after the rotation, want the new value", got)
+	}
+	if after := h.deploymentSecretsHash(); after == before {
+		t.Errorf("the pods' secrets hash stayed %q after a rotation", after)
+	}
+
+	if err := h.c.Delete(ctx, &sec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.r.Reconcile(ctx, reqFor("shop", "orders")); err == nil {
+		t.Fatal("a pass with the Secret deleted succeeded")
+	}
+	idc := &messagingv1alpha1.IdempotentConsumer{}
+	if err := h.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "orders"}, idc); err != nil {
+		t.Fatal(err)
+	}
+	if got := conditionOf(idc, messagingv1alpha1.ConditionReady); got != "False/"+messagingv1alpha1.ReasonSecretNotFound {
+		t.Errorf("with the Secret deleted, Ready = %s, want False/%s", got, messagingv1alpha1.ReasonSecretNotFound)
+	}
+}
 
 // The rollout hash of the referenced Secrets changes when a value rotates
 // and not when another key of the Secret changes; and the value cannot be

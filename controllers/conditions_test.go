@@ -8,8 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
-	"github.com/idempotency-dev/idc-operator/internal/specs"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 // Pure status functions, table-tested without a cluster.
@@ -113,92 +111,5 @@ func TestConditionTransitionTimeOnlyMovesOnChange(t *testing.T) {
 	setConditions(idc, &observation{secrets: okOutcome("Ready", ""), inbox: failed(messagingv1alpha1.ReasonDatabaseError, "down")})
 	if got := meta.FindStatusCondition(idc.Status.Conditions, messagingv1alpha1.ConditionInboxReady).LastTransitionTime; got.Equal(&past) {
 		t.Fatal("lastTransitionTime did not move when the status changed")
-	}
-}
-
-func TestRenderConfigIsStableAndCarriesNoCredentials(t *testing.T) {
-	idc := newConsumer("orders", "ORDERS", "orders-db")
-	idc.Namespace = "shop"
-	idc.Spec.Delivery = messagingv1alpha1.DeliverySpec{BatchSize: 200, MaxWait: "100ms", MaxAttempts: 3,
-		Backoff: messagingv1alpha1.BackoffSpec{Initial: "1s", Max: "30s"}}
-	a, err := renderConfig(idc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := renderConfig(idc.DeepCopy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.Hash != b.Hash || string(a.JSON) != string(b.JSON) {
-		t.Fatalf("rendering is not deterministic:\n%s\n%s", a.JSON, b.JSON)
-	}
-	c := a.Config
-	if c.Sink.Effect.Upsert.SequenceColumn != "version" {
-		t.Errorf("sequenceColumn defaulted to %q, want the column mapped from the entity sequence (version)", c.Sink.Effect.Upsert.SequenceColumn)
-	}
-	if c.Delivery.BatchSize != 200 || c.Delivery.MaxWait.Duration != 100*time.Millisecond || c.Delivery.BackoffMax.Duration != 30*time.Second {
-		t.Errorf("delivery not rendered: %+v", c.Delivery)
-	}
-	if c.Name != "shop/orders" || c.Sink.DSNEnv != envPostgresDSN || c.Sink.DeadLetterTable != "" {
-		t.Errorf("unexpected config: name %q dsnEnv %q deadLetters %q", c.Name, c.Sink.DSNEnv, c.Sink.DeadLetterTable)
-	}
-	if len(a.Secrets) != 1 || a.Secrets[0].Ref.Name != "orders-db" {
-		t.Errorf("secrets = %+v, want the DSN Secret only", a.Secrets)
-	}
-
-	idc.Spec.Delivery.BatchSize = 300
-	changed, err := renderConfig(idc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if changed.Hash == a.Hash {
-		t.Fatal("a spec change must change the config hash (it rolls the pods)")
-	}
-}
-
-func TestPruneSuspension(t *testing.T) {
-	idc := newConsumer("orders", "ORDERS", "db")
-	idc.Spec.Retention.Prune.Schedule = "*/30 * * * *"
-	idc.Spec.Retention.Prune.MaxDuration = "10m"
-	rc, err := renderConfig(idc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cj := specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", 0); !*cj.Spec.Suspend {
-		t.Error("an unresolved window must suspend the CronJob")
-	}
-	cj := specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", 49*time.Hour)
-	if *cj.Spec.Suspend {
-		t.Error("a resolved window must schedule the CronJob")
-	}
-	if got := cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args; got[len(got)-1] != "49h0m0s" {
-		t.Errorf("args %v do not end with the window", got)
-	}
-	idc.Spec.Retention.Prune.Suspend = true
-	if cj := specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", 49*time.Hour); !*cj.Spec.Suspend {
-		t.Error("prune.suspend must suspend the CronJob")
-	}
-}
-
-func TestLastPruneStatusHeldBack(t *testing.T) {
-	finished := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	since := finished.Add(-3 * time.Hour)
-	run := &inbox.PruneRun{FinishedAt: &finished, Cutoff: since.Add(-5 * time.Second), WindowCutoff: finished.Add(-time.Minute),
-		RowsDeleted: 7, HeldReason: "replica r-1 stopped without acknowledging everything it committed", HeldSince: &since}
-	st := lastPruneStatus(run)
-	if st.HeldBack != run.HeldReason || st.HeldSince == nil || !st.HeldSince.Time.Equal(since) ||
-		st.WindowCutoff == nil || !st.WindowCutoff.Time.Equal(run.WindowCutoff) || st.RowsDeleted != 7 {
-		t.Fatalf("status %+v for run %+v", st, run)
-	}
-	if got := heldBackSeconds(st, finished.Add(time.Hour)); got != (4 * time.Hour).Seconds() {
-		t.Errorf("held back %v s, want %v", got, (4 * time.Hour).Seconds())
-	}
-	plain := &inbox.PruneRun{FinishedAt: &finished, Cutoff: finished.Add(-time.Minute), WindowCutoff: finished.Add(-time.Minute)}
-	st = lastPruneStatus(plain)
-	if st.HeldBack != "" || st.HeldSince != nil || st.WindowCutoff != nil {
-		t.Errorf("a run not held back shows %+v", st)
-	}
-	if got := heldBackSeconds(st, finished); got != 0 {
-		t.Errorf("held back %v s for a run not held back", got)
 	}
 }

@@ -126,3 +126,24 @@ func TestInsecureSkipVerifyWarns(t *testing.T) {
 		t.Fatalf("%d InsecureSkipVerify events over two passes of one generation, want 1", n)
 	}
 }
+
+func TestValidateSQLParams(t *testing.T) {
+	for _, tc := range []struct {
+		stmt   string
+		params map[string]string
+		want   string
+	}{
+		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n", "id": "$.id"}, ""},
+		{"UPDATE a SET n = :n WHERE id = :id", map[string]string{"n": "$.n"}, ":id"},
+		{"UPDATE a SET n = 1 WHERE id = :id", map[string]string{"id": "$.id", "extra": "$.x"}, "params.extra"},
+	} {
+		cfg := &config.Config{Sink: config.Sink{Effect: config.Effect{SQL: &config.SQL{Statement: tc.stmt, Params: tc.params}}}}
+		err := validateSQLParams(cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q %v: %v", tc.stmt, tc.params, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q %v: error %v, want one naming %s", tc.stmt, tc.params, err, tc.want)
+		}
+	}
+}

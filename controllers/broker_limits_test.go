@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -98,5 +99,30 @@ func TestScalingDoesNotChangeTheConfigHash(t *testing.T) {
 	}
 	if a.Config.Delivery.InFlight != 2 {
 		t.Errorf("inFlight defaulted to %d, want 2", a.Config.Delivery.InFlight)
+	}
+}
+
+// BrokerLimits is Unknown, with the reason, while the broker cannot be
+// read: a limit that was not read is not a limit that fits.
+func TestBrokerLimitsUnknownWhileTheBrokerIsNotRead(t *testing.T) {
+	h := newHarness(t, unitConsumer())
+	h.broker.err = fmt.Errorf("%w: while dialing nats://127.0.0.1:4222: connection refused", retention.ErrBrokerUnreachable)
+	idc, requeue := h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionBrokerLimits); got != "Unknown/BrokerUnreachable" {
+		t.Fatalf("BrokerLimits = %s, want Unknown/BrokerUnreachable", got)
+	}
+	if requeue > DefaultRecheckPeriod {
+		t.Errorf("a failed read is retried after %s, want within %s", requeue, DefaultRecheckPeriod)
+	}
+	// Read again after the re-check period, not after --retention-period.
+	h.clk.Step(DefaultRecheckPeriod)
+	h.broker.err = nil
+	h.broker.limits = retention.ConsumerLimits{MaxAckPending: 100000}
+	idc, _ = h.pass()
+	if got := conditionOf(idc, messagingv1alpha1.ConditionBrokerLimits); got != "True/LimitsFit" {
+		t.Fatalf("BrokerLimits = %s once the broker answers, want True/LimitsFit", got)
+	}
+	if h.broker.readCount() != 2 {
+		t.Fatalf("%d reads, want 2", h.broker.readCount())
 	}
 }

@@ -1,9 +1,5 @@
 package controllers
 
-// The window follows the broker for every source, not only JetStream. Kafka
-// runs on franz-go's in-process kfake cluster: no Kafka server exists on this
-// machine. RabbitMQ is the real broker with its management plugin.
-
 import (
 	"bytes"
 	"encoding/json"
