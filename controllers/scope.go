@@ -32,8 +32,9 @@ type scope struct {
 	key         types.NamespacedName
 	rc          *renderedConfig
 	secrets     *resolvedSecrets
-	// reading is the broker reading in force (fresh or reused), nil in
-	// Explicit mode or before the broker phase.
+	// reading is the broker reading in force (fresh or reused), in
+	// Explicit mode too (its window from the spec, its lag from the
+	// broker); nil only before the broker phase has run.
 	reading *brokerReading
 	// window is the retention window in force; 0 while unresolved.
 	window time.Duration
