@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // The children a consumer gets (Deployment, prune CronJob,
@@ -20,10 +22,10 @@ func TestRenderedChildrenForKubeScore(t *testing.T) {
 	rc := mustRender(t, idc)
 	getenv := func(string) string { return "postgres://app@10.0.0.5:5432/app" }
 	children := []client.Object{
-		renderDeployment(idc, rc, "idc-operator:0.2.0", "h"),
-		renderCronJob(idc, rc, "idc-operator:0.2.0", "h", 49*time.Hour),
-		renderPodDisruptionBudget(idc),
-		renderNetworkPolicy(idc, rc, getenv),
+		specs.Deployment(idc, rc, "idc-operator:0.2.0", "h"),
+		specs.PruneCronJob(idc, rc, "idc-operator:0.2.0", "h", 49*time.Hour),
+		specs.PodDisruptionBudget(idc),
+		specs.NetworkPolicy(idc, rc, getenv),
 	}
 	var docs []string
 	for _, c := range children {

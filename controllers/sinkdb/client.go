@@ -9,9 +9,13 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
 
-// Target is one resource's sink: the owner (the resource's namespace/name,
-// which the pool cache counts), its connection string and its inbox.
+// Target is one resource's sink: its connection string, its inbox and the
+// claim it makes on it.
 type Target struct {
+	// Owner is the user of a connection pool the pool cache counts (the
+	// resource's namespace/name, given back with Release when the resource
+	// is gone). It is not the inbox's owner: that is Claim.Owner, recorded
+	// in the inbox's meta row.
 	Owner string
 	DSN   string
 	Sink  config.Sink

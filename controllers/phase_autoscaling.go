@@ -1,0 +1,199 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
+)
+
+// +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects;triggerauthentications,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get
+
+// kedaHPAPrefix is how KEDA names the HorizontalPodAutoscaler it makes for
+// a ScaledObject (keda-hpa-<name>).
+const kedaHPAPrefix = "keda-hpa-"
+
+// autoscaled is the resource's autoscaling spec, nil when it scales by
+// spec.runtime.replicas.
+func autoscaled(idc *messagingv1alpha1.IdempotentConsumer) *messagingv1alpha1.AutoscalingSpec {
+	return idc.Spec.Runtime.Autoscaling
+}
+
+// replicasWithoutKEDA is what the Deployment runs when autoscaling is
+// declared but KEDA is not installed: minReplicas, and 1 for minReplicas
+// 0, since nothing would ever wake a consumer at 0.
+func replicasWithoutKEDA(a *messagingv1alpha1.AutoscalingSpec) int32 {
+	return max(a.MinReplicasOrDefault(), 1)
+}
+
+// autoscalingPhase renders the ScaledObject and TriggerAuthentication when
+// spec.runtime.autoscaling is set and KEDA is installed, removes the ones a
+// resource no longer wants, and reads what KEDA decided for the status.
+// It runs after the children phase, which applied the Deployment with or
+// without replicas (deploymentReplicas).
+func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
+	idc := s.idc
+	a := autoscaled(idc)
+	if a == nil {
+		return ctrl.Result{}, r.removeScaledObject(ctx, s)
+	}
+	if !s.kedaInstalled {
+		s.obs.autoscaling = failed(messagingv1alpha1.ReasonKEDANotInstalled, fmt.Sprintf(
+			"spec.runtime.autoscaling is set but KEDA is not installed (no keda.sh/v1alpha1 ScaledObject in the API): the Deployment runs a fixed %d replica(s) (minReplicas, at least 1) until KEDA is installed", replicasWithoutKEDA(a)))
+		s.setScale(replicasWithoutKEDA(a), fmt.Sprintf("KEDA is not installed: fixed at max(minReplicas, 1) = %d", replicasWithoutKEDA(a)))
+		return ctrl.Result{}, nil
+	}
+	paused := idc.Spec.Suspend || !s.obs.effect.ok
+	so, ta, err := specs.ScaledObject(idc, &s.rc.RuntimeConfig, paused)
+	if err != nil {
+		s.obs.autoscaling = failed(messagingv1alpha1.ReasonInvalidSpec, err.Error())
+		return ctrl.Result{}, nil
+	}
+	for _, obj := range []*unstructured.Unstructured{ta, so} {
+		if obj == nil {
+			continue
+		}
+		if err := r.apply(ctx, idc, obj); err != nil {
+			if meta.IsNoMatchError(err) {
+				// KEDA went away since discovery was asked.
+				r.opts.KEDA.Forget()
+			}
+			return ctrl.Result{}, r.childRefused(s, err)
+		}
+		if s.halted {
+			return ctrl.Result{}, nil
+		}
+	}
+	idc.Status.Runtime.ScaledObject = so.GetName()
+	return ctrl.Result{}, r.observeScaling(ctx, s, a, paused)
+}
+
+// observeScaling reads the ScaledObject's conditions and its
+// HorizontalPodAutoscaler into the Autoscaling condition and the status'
+// desired replicas and reason.
+func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, paused bool) error {
+	idc := s.idc
+	live := &unstructured.Unstructured{}
+	live.SetGroupVersionKind(specs.GVKScaledObject)
+	if err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: specs.DeploymentName(idc)}, live); err != nil {
+		return fmt.Errorf("reading the ScaledObject back: %w", err)
+	}
+	ready, active := scaledObjectConditions(live)
+	switch {
+	case ready == nil:
+		s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA has not reported on the ScaledObject yet (is the KEDA operator running?)")
+	case ready.status != "True":
+		s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA: "+ready.message)
+	default:
+		s.obs.autoscaling = okOutcome(messagingv1alpha1.ReasonScaledByKEDA,
+			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", a.MinReplicasOrDefault(), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig)))
+	}
+	desired := s.liveReplicas
+	var why string
+	if paused {
+		why = "held at 0 by the ScaledObject's paused-replicas (spec.suspend, or EffectReady False)"
+	} else {
+		var hpa autoscalingv2.HorizontalPodAutoscaler
+		err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: kedaHPAPrefix + specs.DeploymentName(idc)}, &hpa)
+		switch {
+		case apierrors.IsNotFound(err):
+			why = "KEDA has not created its HorizontalPodAutoscaler yet"
+		case err != nil:
+			return fmt.Errorf("reading KEDA's HorizontalPodAutoscaler: %w", err)
+		default:
+			why = hpaReason(&hpa, a, specs.LagPerReplica(idc, &s.rc.RuntimeConfig), active)
+		}
+	}
+	s.setScale(desired, why)
+	return nil
+}
+
+// hpaReason says why the HPA wants its replica count: the backlog per
+// replica it read and the bounds. Pure.
+func hpaReason(hpa *autoscalingv2.HorizontalPodAutoscaler, a *messagingv1alpha1.AutoscalingSpec, perReplica int64, active *kedaCondition) string {
+	var parts []string
+	if active != nil && active.status != "True" && a.MinReplicasOrDefault() == 0 {
+		parts = append(parts, fmt.Sprintf("no backlog above activationLag %d: KEDA scales to 0 after cooldownPeriod %s", a.ActivationLag, a.CooldownPeriod))
+	}
+	for _, m := range hpa.Status.CurrentMetrics {
+		if m.External == nil || m.External.Current.AverageValue == nil {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("backlog %s per replica (target %d)", m.External.Current.AverageValue.String(), perReplica))
+	}
+	parts = append(parts, fmt.Sprintf("HorizontalPodAutoscaler %s wants %d of %d..%d", hpa.Name, hpa.Status.DesiredReplicas, a.MinReplicasOrDefault(), a.MaxReplicas))
+	return "KEDA: " + strings.Join(parts, "; ")
+}
+
+type kedaCondition struct{ status, message string }
+
+// scaledObjectConditions reads KEDA's Ready and Active conditions.
+func scaledObjectConditions(so *unstructured.Unstructured) (ready, active *kedaCondition) {
+	conds, _, _ := unstructured.NestedSlice(so.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok {
+			continue
+		}
+		kc := &kedaCondition{}
+		kc.status, _ = m["status"].(string)
+		kc.message, _ = m["message"].(string)
+		switch m["type"] {
+		case "Ready":
+			ready = kc
+		case "Active":
+			active = kc
+		}
+	}
+	return ready, active
+}
+
+// removeScaledObject deletes the ScaledObject and TriggerAuthentication a
+// resource made while it autoscaled. Only a resource whose status names a
+// ScaledObject asks: the others send no request for KEDA objects.
+func (r *Reconciler) removeScaledObject(ctx context.Context, s *scope) error {
+	if s.before.Status.Runtime == nil || s.before.Status.Runtime.ScaledObject == "" {
+		return nil
+	}
+	so := &unstructured.Unstructured{}
+	so.SetGroupVersionKind(specs.GVKScaledObject)
+	so.SetNamespace(s.idc.Namespace)
+	so.SetName(s.before.Status.Runtime.ScaledObject)
+	for _, obj := range []client.Object{so, emptyTriggerAuth(s.idc)} {
+		existing := obj.DeepCopyObject().(client.Object)
+		err := r.live.Get(ctx, client.ObjectKeyFromObject(obj), existing)
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("reading the %s to remove: %w", obj.GetObjectKind().GroupVersionKind().Kind, err)
+		}
+		if !metav1.IsControlledBy(existing, s.idc) {
+			continue
+		}
+		if err := r.client.Delete(ctx, existing); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting the %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, err)
+		}
+		r.memory.forgetChild(s.key, obj.GetObjectKind().GroupVersionKind().Kind+"/"+obj.GetName())
+	}
+	return nil
+}
+
+func emptyTriggerAuth(idc *messagingv1alpha1.IdempotentConsumer) *unstructured.Unstructured {
+	ta := &unstructured.Unstructured{}
+	ta.SetGroupVersionKind(specs.GVKTriggerAuthentication)
+	ta.SetNamespace(idc.Namespace)
+	ta.SetName(specs.TriggerAuthName(idc))
+	return ta
+}
