@@ -45,7 +45,9 @@ type Options struct {
 	// pods egress to DNS and the endpoints the runtime dials only.
 	NetworkPolicies bool
 	// RetentionPeriod is how often the broker is read (window inputs,
-	// limits, lag) and the last prune run read back.
+	// limits, lag), and so the longest gap between two passes over a
+	// resource (jittered up to 10% later). The last prune run is read on
+	// every pass, not on this period.
 	RetentionPeriod time.Duration
 	// MaxConcurrent reconciles.
 	MaxConcurrent int

@@ -68,7 +68,7 @@ while read -r url; do
   file=${url##*/}
   [[ -f $dist/$file ]] || die "the krew manifest names $file, which make dist-plugin did not write"
   sum=$(sha256sum "$dist/$file" | cut -d' ' -f1)
-  krew=${krew//"{{addURIAndSha \"$url\" $tag }}"/"uri: $url
+  krew=${krew//"{{addURIAndSha \"$url\" .TagName }}"/"uri: $url
     sha256: $sum"}
 done < <(grep -o 'addURIAndSha "[^"]*"' <<<"$krew" | sed 's/addURIAndSha "//;s/"$//')
 grep -q '{{' <<<"$krew" && die "the krew manifest still holds a template after rendering"
