@@ -63,7 +63,7 @@ rm -f "$dist"/kubectl-idc_*.sha256
 # The krew manifest, rendered as krew-release-bot would render it for the
 # tag v$version, with the archives' own SHA-256s.
 tag=v$version
-krew=$(sed "s/{{ \.TagName }}/$tag/g" plugins/krew/idc.yaml)
+krew=$(sed -e '/^#/d' -e "s/{{ \.TagName }}/$tag/g" plugins/krew/idc.yaml)
 while read -r url; do
   file=${url##*/}
   [[ -f $dist/$file ]] || die "the krew manifest names $file, which make dist-plugin did not write"
