@@ -5,11 +5,10 @@
 // SubjectAccessReview, both answered by the kube-apiserver and cached.
 //
 // It exists because that filter builds on k8s.io/apiserver's delegating
-// authenticator and authorizer, which bring about 200 packages (CEL, gRPC,
-// OpenTelemetry, the apiserver's own metrics) into the manager for two API
-// calls: with them the binary kept about 10 MiB more resident at 1,000
-// resources, the difference between meeting the manager's memory goal and
-// missing it (docs/benchmarks.md).
+// authenticator and authorizer, which bring CEL, gRPC, OpenTelemetry and the
+// apiserver's own metrics into the manager for two API calls (how many
+// packages and megabytes: docs/security.md; what it cost in memory:
+// docs/benchmarks.md).
 package metricsauth
 
 import (
