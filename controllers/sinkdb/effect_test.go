@@ -15,7 +15,7 @@ import (
 
 // The preflight against the real PostgreSQL, one case per reason: broken,
 // then fixed by the statement the message suggests (or its equivalent).
-// The envtest specs (idempotentconsumer_effect_envtest_test.go) show the
+// The envtest specs (controllers/phase_effect_envtest_test.go) show the
 // same through the resource.
 func TestEffectPreflight(t *testing.T) {
 	upsert := config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"}, SequenceColumn: "version",
