@@ -56,6 +56,7 @@ func TestRealNode(t *testing.T) {
 		fn   func(context.Context, *testing.T)
 	}{
 		{"upgrade-from-previous-release", s.upgradeFromPrevious},
+		{"helm-upgrade-from-previous-release", s.helmUpgradeFromPrevious},
 		{"install", s.install},
 		{"restricted-namespace", s.restrictedNamespace},
 		{"metrics-authn-authz", s.metricsAuth},

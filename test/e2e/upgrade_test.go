@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -48,6 +49,92 @@ import (
 // follows applies the same dist/install.yaml (a no-op but for its own
 // --retention-period patch) and starts the test namespace afresh.
 func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
+	s.upgradeVia(ctx, t, kubectlUpgrade{s})
+}
+
+// helmUpgradeFromPrevious is upgradeFromPrevious the Helm way: the
+// kubectl-installed manager goes (the CRD stays), the previous release's
+// chart is installed, and the upgrade applies this chart's CRD server-side
+// (Helm never upgrades crds/, docs/install.md) and then runs `helm
+// upgrade`. The release is uninstalled at the end; the install step brings
+// the kubectl-installed manager back.
+func (s *suite) helmUpgradeFromPrevious(ctx context.Context, t *testing.T) {
+	s.upgradeVia(ctx, t, helmUpgrade{s})
+}
+
+// upgradePath installs the previous release one way and upgrades it to
+// this build the same way.
+type upgradePath interface {
+	name() string
+	installPrevious(ctx context.Context, t *testing.T, prev previousRelease)
+	upgrade(ctx context.Context, t *testing.T)
+	// managerImageID waits for the one ready manager pod and returns its
+	// image ID; managerRevision is its Deployment's revision.
+	managerImageID(ctx context.Context, t *testing.T) string
+	managerRevision(ctx context.Context, t *testing.T) int
+	done(ctx context.Context, t *testing.T)
+}
+
+type kubectlUpgrade struct{ s *suite }
+
+func (k kubectlUpgrade) name() string { return "kubectl" }
+func (k kubectlUpgrade) installPrevious(ctx context.Context, t *testing.T, prev previousRelease) {
+	t.Helper()
+	if err := k.s.c.Install(ctx, filepath.Join(prev.dir, "install.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+func (k kubectlUpgrade) upgrade(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := k.s.c.Install(ctx, env.install); err != nil {
+		t.Fatal(err)
+	}
+}
+func (k kubectlUpgrade) managerImageID(ctx context.Context, t *testing.T) string {
+	return k.s.managerPod(ctx, t).Status.ContainerStatuses[0].ImageID
+}
+func (k kubectlUpgrade) managerRevision(ctx context.Context, t *testing.T) int {
+	return k.s.revision(ctx, t, localcluster.OperatorNamespace, localcluster.ManagerDeployment)
+}
+func (k kubectlUpgrade) done(context.Context, *testing.T) {}
+
+type helmUpgrade struct{ s *suite }
+
+func (h helmUpgrade) name() string { return "helm" }
+func (h helmUpgrade) installPrevious(ctx context.Context, t *testing.T, prev previousRelease) {
+	t.Helper()
+	if _, err := h.s.c.KubectlCmd(ctx, "-n", localcluster.OperatorNamespace, "delete", "deployment", localcluster.ManagerDeployment, "--ignore-not-found", "--wait=true"); err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: helmNamespace, Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
+	if err := h.s.c.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Logf("helm install %s:\n%s", prev.version, h.s.helm(ctx, t, "install", helmRelease, filepath.Join(prev.dir, "chart"), "-n", helmNamespace,
+		"--set", "image.repository=idc-operator", "--set", "image.tag="+prev.version, "--set", "image.pullPolicy=Never", "--wait", "--timeout", "3m"))
+}
+func (h helmUpgrade) upgrade(ctx context.Context, t *testing.T) {
+	t.Helper()
+	chart := filepath.Join(testenv.RepoRoot(), "charts", "idc-operator")
+	if _, err := h.s.c.KubectlCmd(ctx, "apply", "--server-side", "--force-conflicts", "-f", filepath.Join(chart, "crds")); err != nil {
+		t.Fatal(err)
+	}
+	repo, tag, _ := strings.Cut(env.image, ":")
+	h.s.helm(ctx, t, "upgrade", helmRelease, chart, "-n", helmNamespace, "--reuse-values",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--wait", "--timeout", "3m")
+}
+func (h helmUpgrade) managerImageID(ctx context.Context, t *testing.T) string {
+	return h.s.helmManagerPods(ctx, t, 1)[0].Status.ContainerStatuses[0].ImageID
+}
+func (h helmUpgrade) managerRevision(ctx context.Context, t *testing.T) int {
+	return h.s.revision(ctx, t, helmNamespace, helmManager)
+}
+func (h helmUpgrade) done(ctx context.Context, t *testing.T) {
+	t.Helper()
+	h.s.helm(ctx, t, "uninstall", helmRelease, "-n", helmNamespace, "--wait")
+}
+
+func (s *suite) upgradeVia(ctx context.Context, t *testing.T, via upgradePath) {
 	prev := buildPrevious(ctx, t)
 	prevID := readTrimmed(t, filepath.Join(prev.dir, "idc-operator-image.tar.id"))
 	if out, err := exec.CommandContext(ctx, filepath.Join(testenv.RepoRoot(), "hack", "node.sh"), "import", filepath.Join(prev.dir, "idc-operator-image.tar")).CombinedOutput(); err != nil {
@@ -55,13 +142,11 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 	}
 	s.deleteNamespace(ctx, t, testNamespace)
 	start := time.Now()
-	if err := s.c.Install(ctx, filepath.Join(prev.dir, "install.yaml")); err != nil {
-		t.Fatal(err)
+	via.installPrevious(ctx, t, prev)
+	if id := via.managerImageID(ctx, t); id != prevID {
+		t.Fatalf("the manager runs image %s, not the %s image %s", id, prev.version, prevID)
 	}
-	if pod := s.managerPod(ctx, t); pod.Status.ContainerStatuses[0].ImageID != prevID {
-		t.Fatalf("the manager does not run the %s image %s:%s", prev.version, prevID, localcluster.DescribePods([]corev1.Pod{*pod}))
-	}
-	t.Logf("release %s (commit %s) installed in %s", prev.version, prev.commit[:12], time.Since(start).Round(time.Second))
+	t.Logf("release %s (commit %s) installed with %s in %s", prev.version, prev.commit[:12], via.name(), time.Since(start).Round(time.Second))
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted",
 	}}}
@@ -69,7 +154,7 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 		t.Fatal(err)
 	}
 
-	w := s.upgradeWorkload(ctx, t)
+	w := s.upgradeWorkload(ctx, t, via.name())
 	for _, r := range w.resources {
 		s.waitRunning(ctx, t, r.idc, prevID)
 	}
@@ -81,16 +166,13 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 	for _, r := range w.resources {
 		before[r.idc.Name] = s.snapshot(ctx, t, r.idc)
 	}
-	managerRev := s.revision(ctx, t, localcluster.OperatorNamespace, localcluster.ManagerDeployment)
+	managerRev := via.managerRevision(ctx, t)
 
 	locks := startLockSampler(ctx, t, w.dsn, "inbox\\_up%")
 	t0 := time.Now()
-	if err := s.c.Install(ctx, env.install); err != nil {
-		t.Fatal(err)
-	}
-	mgr := s.managerPod(ctx, t)
-	if mgr.Status.ContainerStatuses[0].ImageID != env.imageID {
-		t.Fatalf("after the upgrade the manager runs %s, want this build's image %s", mgr.Status.ContainerStatuses[0].ImageID, env.imageID)
+	via.upgrade(ctx, t)
+	if id := via.managerImageID(ctx, t); id != env.imageID {
+		t.Fatalf("after the upgrade the manager runs %s, want this build's image %s", id, env.imageID)
 	}
 	readyAfter := map[string]time.Duration{"manager": time.Since(t0)}
 	var mu sync.Mutex
@@ -117,13 +199,13 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 	for _, name := range sortedKeys(readyAfter) {
 		ready = append(ready, fmt.Sprintf("%s=%.1fs", name, readyAfter[name].Seconds()))
 	}
-	t.Logf("UPGRADE %s -> %s ready after the apply: %s", prev.version, env.version, strings.Join(ready, " "))
+	t.Logf("UPGRADE %s %s -> %s ready after the upgrade: %s", via.name(), prev.version, env.version, strings.Join(ready, " "))
 
 	// Rolls per Deployment: how far its revision moved since the apply (a
 	// roll back to an older template moves it too), and the ReplicaSets
 	// created since.
 	var rolls []string
-	mgrRolls := s.revision(ctx, t, localcluster.OperatorNamespace, localcluster.ManagerDeployment) - managerRev
+	mgrRolls := via.managerRevision(ctx, t) - managerRev
 	rolls = append(rolls, fmt.Sprintf("manager=%d", mgrRolls))
 	if mgrRolls > 1 {
 		t.Errorf("the manager rolled %d times, want 1", mgrRolls)
@@ -142,11 +224,11 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 			t.Errorf("%s: the Deployment rolled %d times (%d new ReplicaSets) on the upgrade, want at most 1", r.idc.Name, n, newRS)
 		}
 	}
-	t.Logf("UPGRADE rolls per Deployment: %s", strings.Join(rolls, " "))
+	t.Logf("UPGRADE %s rolls per Deployment: %s", via.name(), strings.Join(rolls, " "))
 
 	// The longest inbox lock during the migration.
-	t.Logf("UPGRADE longest inbox lock from the apply to all Ready (%d samples, 50 ms apart): stronger than ROW EXCLUSIVE %s; any mode %s; longest wait %s",
-		lock.samples, lock.strong, lock.any, lock.wait)
+	t.Logf("UPGRADE %s longest inbox lock from the upgrade to all Ready (%d samples, 50 ms apart): stronger than ROW EXCLUSIVE %s; any mode %s; longest wait %s",
+		via.name(), lock.samples, lock.strong, lock.any, lock.wait)
 	for what, l := range map[string]lockSeen{"a lock stronger than ROW EXCLUSIVE held": lock.strong, "a lock held": lock.any, "a lock waited for": lock.wait} {
 		if l.ms > 1000 {
 			t.Errorf("%s for %dms on %s (%s, %q): over 1 s", what, l.ms, l.rel, l.mode, l.query)
@@ -165,8 +247,8 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 	for _, r := range w.resources {
 		s.waitDrainedIn(ctx, t, r)
 		v := w.effects(ctx, t, r, published[r.input])
-		t.Logf("UPGRADE effects %s: published %d (%d unique ids, %d re-sends), effects %d, distinct %d, doubled %d, lost %d",
-			r.idc.Name, v.sends, v.unique, v.sends-v.unique, v.rows, v.distinct, v.doubled, v.lost)
+		t.Logf("UPGRADE %s effects %s: published %d (%d unique ids, %d re-sends), effects %d, distinct %d, doubled %d, lost %d",
+			via.name(), r.idc.Name, v.sends, v.unique, v.sends-v.unique, v.rows, v.distinct, v.doubled, v.lost)
 		if v.doubled != 0 || v.lost != 0 || v.rows != v.unique || v.unique == 0 {
 			t.Errorf("%s: %+v, want one effect per unique id", r.idc.Name, v)
 		}
@@ -179,6 +261,7 @@ func (s *suite) upgradeFromPrevious(ctx context.Context, t *testing.T) {
 		_ = s.c.Client.Delete(ctx, r.idc)
 	}
 	s.deleteNamespace(ctx, t, testNamespace)
+	via.done(ctx, t)
 }
 
 type previousRelease struct{ dir, version, commit string }
@@ -252,9 +335,9 @@ type loadInput struct {
 	err     error
 }
 
-func (s *suite) upgradeWorkload(ctx context.Context, t *testing.T) *upgradeWorkload {
+func (s *suite) upgradeWorkload(ctx context.Context, t *testing.T, via string) *upgradeWorkload {
 	t.Helper()
-	db := s.dbName() + "_upgrade"
+	db := s.dbName() + "_upgrade_" + via
 	dsn, err := localcluster.RecreateDatabase(ctx, db)
 	if err != nil {
 		t.Fatal(err)
@@ -296,15 +379,15 @@ func (s *suite) upgradeWorkload(ctx context.Context, t *testing.T) *upgradeWorkl
 	}
 	s.parent.Cleanup(nc.Close)
 	scaleJS := s.scaleNATS(ctx, t)
-	up := strings.ToUpper(s.suffix)
+	up := strings.ToUpper(via + "_" + s.suffix)
 	streams := []struct {
 		js              jetstream.JetStream
 		stream, subject string
 	}{
-		{js, "IDC_UP_ORDERS_" + up, "idc-up-" + s.suffix + ".orders"},
-		{js, "IDC_UP_PIPE_IN_" + up, "idc-up-" + s.suffix + ".pipe-in"},
-		{js, "IDC_UP_PIPE_MID_" + up, "idc-up-" + s.suffix + ".pipe-mid"},
-		{scaleJS, "IDC_UP_SCALED_" + up, "idc-up-" + s.suffix + ".scaled"},
+		{js, "IDC_UP_ORDERS_" + up, "idc-up-" + via + "-" + s.suffix + ".orders"},
+		{js, "IDC_UP_PIPE_IN_" + up, "idc-up-" + via + "-" + s.suffix + ".pipe-in"},
+		{js, "IDC_UP_PIPE_MID_" + up, "idc-up-" + via + "-" + s.suffix + ".pipe-mid"},
+		{scaleJS, "IDC_UP_SCALED_" + up, "idc-up-" + via + "-" + s.suffix + ".scaled"},
 	}
 	for _, st := range streams {
 		if _, err := st.js.CreateStream(ctx, jetstream.StreamConfig{Name: st.stream, Subjects: []string{st.subject}, MaxAge: time.Hour,
