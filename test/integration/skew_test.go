@@ -2,7 +2,12 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -101,6 +106,24 @@ func olderRuntimeRefuses(t *testing.T, bin string) {
 	}
 	if info.Delivered.Consumer != 0 || info.AckFloor.Consumer != 0 {
 		t.Errorf("the refused runtime consumed: delivered %d, acked %d", info.Delivered.Consumer, info.AckFloor.Consumer)
+	}
+	// `idc-runtime migrate` (what a person or a Job runs) refuses the same
+	// way, and changes nothing either.
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "migrate", "--config", path).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 || !strings.Contains(string(out), fmt.Sprintf("has schema version %d", newer)) {
+		t.Errorf("idc-runtime migrate against schema %d: %v, want exit 3 and the refusal:\n%s", newer, err, out)
+	}
+	if after := inboxShape(t, db); after != before {
+		t.Errorf("idc-runtime migrate changed the schema:\nbefore %s\nafter  %s", before, after)
 	}
 	line := logs[strings.Index(logs, "has schema version")-60:]
 	t.Logf("SKEW old runtime (schema %d) vs inbox schema %d: exit %d, nothing written; logged: ...%s", inbox.SchemaVersion, newer, st.ExitCode(), line[:min(len(line), 420)])
