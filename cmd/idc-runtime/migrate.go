@@ -36,6 +36,9 @@ func migrate(cfg *config.Config, log logr.Logger) error {
 	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
 	defer cancel()
 	if err := store.Migrate(ctx); err != nil {
+		if inbox.IsNewerSchema(err) {
+			return withCode(exitRefused, err)
+		}
 		return err
 	}
 	n := store.Names()

@@ -117,6 +117,9 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		log.Info("Inbox not provisioned yet; nothing to prune", "inbox", store.QualifiedInbox())
 		return nil
 	}
+	if err := store.CheckKnownVersion(version); err != nil {
+		return withCode(exitRefused, fmt.Errorf("refusing to prune: %w", err))
+	}
 	if version < inbox.SchemaVersion {
 		// An inbox of an older runtime: the progress records and the window
 		// state need schema 5. Migrating is online and idempotent, as the

@@ -240,8 +240,15 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	// the inbox; it is idempotent. It never re-creates the inbox of the
 	// epoch the config names once that is lost: the consumer then holds
 	// (inbox_lost) until a person accepts the loss.
+	// An inbox a newer release migrated is refused at once (exit 3), never
+	// retried: this binary does not know its shape (inbox.NewerSchemaError).
+	var newer error
 	if _, ok := retry(ctx, log, "migrate inbox", cfg.Delivery, func(ctx context.Context) (struct{}, error) {
 		err := store.Migrate(ctx)
+		if inbox.IsNewerSchema(err) {
+			newer = err
+			return struct{}{}, nil
+		}
 		if inbox.IsLost(err) {
 			log.Error(err, "The inbox this consumer deduplicates against is lost; holding: nothing is claimed or acknowledged until it is back or the loss is accepted on the IdempotentConsumer")
 			return struct{}{}, nil
@@ -249,6 +256,9 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 		return struct{}{}, err
 	}); !ok {
 		return nil
+	}
+	if newer != nil {
+		return withCode(exitRefused, newer)
 	}
 	src, ok := retry(ctx, log, "open source", cfg.Delivery, func(ctx context.Context) (source.Source, error) {
 		return open.Open(ctx, cfg, log, consumerName)

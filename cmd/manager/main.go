@@ -126,6 +126,17 @@ func run() error {
 	if apiQPS > 0 {
 		restCfg.QPS, restCfg.Burst = float32(apiQPS), max(apiBurst, int(apiQPS))
 	}
+	// A CRD older than this manager (a Helm upgrade leaves crds/ as it
+	// was) is refused before anything is reconciled against it.
+	crdCtx, crdCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	skipped, err := controllers.CheckInstalledCRD(crdCtx, restCfg)
+	crdCancel()
+	if err != nil {
+		_ = os.WriteFile("/dev/termination-log", []byte(err.Error()), 0o644) // kubectl describe pod shows it
+		return err
+	} else if skipped {
+		ctrl.Log.WithName("setup").Info("Not allowed to read the CRD " + controllers.CRDName + ": its version is not checked against this manager's")
+	}
 
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,

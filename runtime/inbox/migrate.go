@@ -37,6 +37,10 @@ func (s *Store) MigrateFor(ctx context.Context, c *OwnerClaim) (Identity, error)
 		if err != nil {
 			return err
 		}
+		// Before any DDL: a newer version's inbox is never written into.
+		if err := s.CheckKnownVersion(st.version); err != nil {
+			return err
+		}
 		if err := s.refusal(st, c); err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,8 @@ func TestRealNode(t *testing.T) {
 		name string
 		fn   func(context.Context, *testing.T)
 	}{
+		{"upgrade-from-previous-release", s.upgradeFromPrevious},
+		{"helm-upgrade-from-previous-release", s.helmUpgradeFromPrevious},
 		{"install", s.install},
 		{"restricted-namespace", s.restrictedNamespace},
 		{"metrics-authn-authz", s.metricsAuth},
@@ -76,12 +79,31 @@ func TestRealNode(t *testing.T) {
 		{"manager-rbac-never-forbidden", s.rbacNeverForbidden},
 		{"helm-install-upgrade-uninstall", s.helmInstall},
 	}
+	only := selectedSteps()
 	for _, st := range steps {
+		if only != nil && !only[st.name] {
+			continue
+		}
 		if !t.Run(st.name, func(t *testing.T) { st.fn(ctx, t) }) {
 			s.dumpOnFailure(t)
 			t.Fatalf("step %s failed; the later steps build on it", st.name)
 		}
 	}
+}
+
+// selectedSteps reads IDC_E2E_STEPS, a comma-separated list of step names
+// to run alone (a step that builds on earlier ones then fails); unset runs
+// every step.
+func selectedSteps() map[string]bool {
+	v := os.Getenv("IDC_E2E_STEPS")
+	if v == "" {
+		return nil
+	}
+	only := map[string]bool{}
+	for _, name := range strings.Split(v, ",") {
+		only[strings.TrimSpace(name)] = true
+	}
+	return only
 }
 
 func randomSuffix() string {
