@@ -1,7 +1,5 @@
 package controllers
 
-import ()
-
 // lagBucket is the power-of-ten bucket of a backlog: 0 for none, then
 // 1 for 1-9, 2 for 10-99, 3 for 100-999, and so on.
 func lagBucket(n int64) int {
