@@ -148,6 +148,10 @@ func rowArgs(cols []column, m *effect.Record) ([]any, error) {
 	return row, nil
 }
 
+// testHookAfterPreRead, when set (tests only), runs between the upsert's
+// pre-read and its write: where a concurrent insert of a new key lands.
+var testHookAfterPreRead func()
+
 // upsertEffect writes the latest state per key behind the sequence gate:
 // a locking pre-read of the batch's keys (exact counts), then one gated
 // INSERT … ON DUPLICATE KEY UPDATE (the gate itself).
@@ -259,6 +263,9 @@ func (u *upsertEffect) Apply(ctx context.Context, tx sink.Tx, recs []*effect.Rec
 	if u.seqIdx >= 0 {
 		if stored, err = u.readStored(ctx, t, winners, keyArgs); err != nil {
 			return res, err
+		}
+		if testHookAfterPreRead != nil {
+			testHookAfterPreRead()
 		}
 		write = make([]effect.Keyed, 0, len(winners))
 		for _, w := range winners {

@@ -175,7 +175,9 @@ func sqlTx(tx sink.Tx) (*sql.Tx, error) {
 	return t.Tx, nil
 }
 
-func (d *DB) Inbox(s config.Sink, opts ...inbox.Option) (sink.Inbox, error) { return NewInbox(d, s, opts...) }
+func (d *DB) Inbox(s config.Sink, opts ...inbox.Option) (sink.Inbox, error) {
+	return NewInbox(d, s, opts...)
+}
 
 func (d *DB) Effect(cfg config.Effect, schema string, entity *config.Entity) (sink.Effect, error) {
 	if err := ValidIdentifier(schema); err != nil {
