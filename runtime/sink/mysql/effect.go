@@ -258,22 +258,9 @@ func (u *upsertEffect) Apply(ctx context.Context, tx sink.Tx, recs []*effect.Rec
 		return res, nil
 	}
 	winners := effect.Collapse(keyed, u.seq != nil)
-	write := winners
-	stored := map[string]*int64{}
-	if u.seqIdx >= 0 {
-		if stored, err = u.readStored(ctx, t, winners, keyArgs); err != nil {
-			return res, err
-		}
-		if testHookAfterPreRead != nil {
-			testHookAfterPreRead()
-		}
-		write = make([]effect.Keyed, 0, len(winners))
-		for _, w := range winners {
-			if cur, ok := stored[w.Key]; ok && cur != nil && *cur >= w.Seq {
-				continue // refused by the gate
-			}
-			write = append(write, w)
-		}
+	write, stored, err := u.gated(ctx, t, winners, keyArgs)
+	if err != nil {
+		return res, err
 	}
 	if len(write) == 0 {
 		res.Stale = len(keyed)
@@ -297,23 +284,8 @@ func (u *upsertEffect) Apply(ctx context.Context, tx sink.Tx, recs []*effect.Rec
 		res.Stale = len(keyed) - res.Applied
 		return res, nil
 	}
-	if u.seqIdx >= 0 {
-		expect := 0
-		for _, w := range write {
-			if _, ok := stored[w.Key]; ok {
-				expect += 2
-			} else {
-				expect++
-			}
-		}
-		if int(affected) != expect {
-			// A concurrent transaction inserted a key the pre-read did
-			// not find; the gate decided in the statement. The rows are
-			// locked now: read what it decided.
-			if write, err = u.recount(ctx, t, write, keyArgs); err != nil {
-				return res, err
-			}
-		}
+	if write, err = u.applied(ctx, t, write, stored, affected, keyArgs); err != nil {
+		return res, err
 	}
 	for _, w := range write {
 		res.Changed = append(res.Changed, w.Index)
@@ -322,6 +294,52 @@ func (u *upsertEffect) Apply(ctx context.Context, tx sink.Tx, recs []*effect.Rec
 	res.Applied = len(write)
 	res.Stale = len(keyed) - res.Applied
 	return res, nil
+}
+
+// gated returns the winners the gate lets through, read under lock, and
+// the stored sequences it read; without a sequence column, every winner.
+func (u *upsertEffect) gated(ctx context.Context, t *sql.Tx, winners []effect.Keyed, keyArgs [][]any) ([]effect.Keyed, map[string]*int64, error) {
+	if u.seqIdx < 0 {
+		return winners, nil, nil
+	}
+	stored, err := u.readStored(ctx, t, winners, keyArgs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if testHookAfterPreRead != nil {
+		testHookAfterPreRead()
+	}
+	write := make([]effect.Keyed, 0, len(winners))
+	for _, w := range winners {
+		if cur, ok := stored[w.Key]; ok && cur != nil && *cur >= w.Seq {
+			continue // refused by the gate
+		}
+		write = append(write, w)
+	}
+	return write, stored, nil
+}
+
+// applied returns the written winners the gate let through: all of them
+// when the affected rows are what the pre-read predicted (1 per insert, 2
+// per update); otherwise a concurrent transaction inserted a key the
+// pre-read did not find, the gate decided in the statement, and the rows,
+// locked now, are read again.
+func (u *upsertEffect) applied(ctx context.Context, t *sql.Tx, write []effect.Keyed, stored map[string]*int64, affected int64, keyArgs [][]any) ([]effect.Keyed, error) {
+	if u.seqIdx < 0 {
+		return write, nil
+	}
+	expect := int64(0)
+	for _, w := range write {
+		if _, ok := stored[w.Key]; ok {
+			expect += 2
+		} else {
+			expect++
+		}
+	}
+	if affected == expect {
+		return write, nil
+	}
+	return u.recount(ctx, t, write, keyArgs)
 }
 
 // evaluate computes a record's row and key arguments and its Keyed.

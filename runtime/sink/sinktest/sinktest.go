@@ -252,26 +252,19 @@ func concurrentClaims(t *testing.T, h Harness) {
 				for i := range batch {
 					batch[i] = fmt.Sprintf("id-%04d", (w*7+b*13+i*3)%ids)
 				}
-				for {
-					fresh, err := e.claimOnce(batch)
-					if err == nil {
-						mu.Lock()
-						for id := range fresh {
-							newCount[id]++
-						}
-						mu.Unlock()
-						break
-					}
-					if class, _ := e.db.Classify(err); class != sink.ClassUnavailable {
-						errs <- fmt.Errorf("claim failed with a non-transient error (class %d): %w", class, err)
-						return
-					}
-					mu.Lock()
-					transient++
-					if firstTransient == nil {
-						firstTransient = err
-					}
-					mu.Unlock()
+				fresh, retried, err := e.claimRetrying(batch)
+				mu.Lock()
+				for id := range fresh {
+					newCount[id]++
+				}
+				transient += len(retried)
+				if firstTransient == nil && len(retried) > 0 {
+					firstTransient = retried[0]
+				}
+				mu.Unlock()
+				if err != nil {
+					errs <- err
+					return
 				}
 			}
 		})
@@ -290,6 +283,22 @@ func concurrentClaims(t *testing.T, h Harness) {
 		t.Errorf("inbox holds %d rows, %d ids were new", got, len(newCount))
 	}
 	t.Logf("%d distinct ids claimed; %d transient failures retried (first: %v)", len(newCount), transient, firstTransient)
+}
+
+// claimRetrying claims ids in their own transaction, retrying what the
+// dialect classifies as transient (returned in retried); any other failure
+// is returned.
+func (e *env) claimRetrying(ids []string) (fresh map[string]struct{}, retried []error, err error) {
+	for {
+		fresh, err := e.claimOnce(ids)
+		if err == nil {
+			return fresh, retried, nil
+		}
+		if class, _ := e.db.Classify(err); class != sink.ClassUnavailable {
+			return nil, retried, fmt.Errorf("claim failed with a non-transient error (class %d): %w", class, err)
+		}
+		retried = append(retried, err)
+	}
 }
 
 func (e *env) claimOnce(ids []string) (map[string]struct{}, error) {
@@ -449,6 +458,13 @@ func deadLetters(t *testing.T, h Harness) {
 
 func progress(t *testing.T, h Harness) {
 	e := setup(t, h)
+	r := e.heartbeats(t)
+	back := e.staleAndBack(t, r)
+	e.retire(t, r, back)
+}
+
+// heartbeats writes two replicas' rows and checks r1's, which it returns.
+func (e *env) heartbeats(t *testing.T) inbox.ProgressRecord {
 	c := ctx(t)
 	created := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
 	consumer := &inbox.ConsumerIdentity{Kind: "NATSJetStream", Name: "S/d", Created: &created}
@@ -481,13 +497,20 @@ func progress(t *testing.T, h Harness) {
 	if r.Positions["S"] != 7 || r.Consumer == nil || !r.Consumer.Same(*consumer) || r.Stopped {
 		t.Errorf("r1 = %+v (consumer %+v)", r, r.Consumer)
 	}
+	return r
+}
+
+// staleAndBack marks r stale, then has the replica heartbeat again, and
+// returns the row as it reads then.
+func (e *env) staleAndBack(t *testing.T, r inbox.ProgressRecord) inbox.ProgressRecord {
+	c := ctx(t)
 	if err := e.in.MarkStale(c, r, map[string]int64{"S": 9}); err != nil {
 		t.Fatalf("MarkStale: %v", err)
 	}
 	if err := e.in.MarkStale(c, r, map[string]int64{"S": 10}); !inbox.IsProgressMoved(err) {
 		t.Fatalf("MarkStale twice = %v; want IsProgressMoved", err)
 	}
-	_, recs, _ = e.in.Progress(c)
+	_, recs, _ := e.in.Progress(c)
 	for _, x := range recs {
 		if x.Replica == "r1" && (x.StaleSince == nil || x.SettleMark["S"] != 9) {
 			t.Errorf("after MarkStale: %+v", x)
@@ -510,6 +533,13 @@ func progress(t *testing.T, h Harness) {
 	if err := e.in.MarkStale(c, r, nil); !inbox.IsProgressMoved(err) {
 		t.Errorf("MarkStale with the old read = %v; want IsProgressMoved", err)
 	}
+	return back
+}
+
+// retire retires r1 by an old read (kept) and by the current one (gone).
+func (e *env) retire(t *testing.T, r, back inbox.ProgressRecord) {
+	c := ctx(t)
+	var recs []inbox.ProgressRecord
 	if err := e.in.RetireProgress(c, r); err != nil {
 		t.Fatal(err)
 	}
@@ -556,6 +586,15 @@ func window(t *testing.T, h Harness) {
 	}
 	// Concurrent read-modify-writes take turns: none is lost.
 	const writers = 6
+	e.concurrentWindowUpdates(t, writers)
+	read, _ = e.in.ReadWindow(c)
+	if want := 2*time.Hour + time.Millisecond + writers*time.Second; read.Window != want || read.PendingSince != nil {
+		t.Fatalf("after %d concurrent updates: window %s pending %v, want %s and no pending shrink", writers, read.Window, read.PendingSince, want)
+	}
+}
+
+// concurrentWindowUpdates has writers add a second to the window at once.
+func (e *env) concurrentWindowUpdates(t *testing.T, writers int) {
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	for range writers {
@@ -576,9 +615,25 @@ func window(t *testing.T, h Harness) {
 			t.Fatalf("concurrent UpdateWindow: %v", err)
 		}
 	}
-	read, _ = e.in.ReadWindow(c)
-	if want := 2*time.Hour + time.Millisecond + writers*time.Second; read.Window != want || read.PendingSince != nil {
-		t.Fatalf("after %d concurrent updates: window %s pending %v, want %s and no pending shrink", writers, read.Window, read.PendingSince, want)
+}
+
+// claimWhile claims a new id and two young ones per transaction until stop
+// closes; a young id claimed as new, or a non-transient failure, is an error.
+func (e *env) claimWhile(stop <-chan struct{}, w int, young []string) error {
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		dup := young[i%len(young)]
+		fresh, _, err := e.claimRetrying([]string{fmt.Sprintf("new-%d-%04d", w, i), dup, young[(i*7)%len(young)]})
+		if err != nil {
+			return err
+		}
+		if _, ok := fresh[dup]; ok {
+			return fmt.Errorf("young id %s was claimed as new during the prune", dup)
+		}
 	}
 }
 
@@ -624,30 +679,7 @@ func prune(t *testing.T, h Harness) {
 	var wg sync.WaitGroup
 	claimErrs := make(chan error, 2)
 	for w := range 2 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				batch := []string{fmt.Sprintf("new-%d-%04d", w, i), young[i%len(young)], young[(i*7)%len(young)]}
-				for {
-					fresh, err := e.claimOnce(batch)
-					if err == nil {
-						if _, dup := fresh[young[i%len(young)]]; dup {
-							claimErrs <- fmt.Errorf("young id %s was claimed as new during the prune", young[i%len(young)])
-							return
-						}
-						break
-					}
-					if class, _ := e.db.Classify(err); class != sink.ClassUnavailable {
-						claimErrs <- err
-						return
-					}
-				}
-			}
-		})
+		wg.Go(func() { claimErrs <- e.claimWhile(stop, w, young) })
 	}
 	pc, cancel := context.WithTimeout(c, 30*time.Second)
 	defer cancel()
@@ -656,7 +688,9 @@ func prune(t *testing.T, h Harness) {
 	wg.Wait()
 	close(claimErrs)
 	for err := range claimErrs {
-		t.Fatalf("claim during the prune: %v", err)
+		if err != nil {
+			t.Fatalf("claim during the prune: %v", err)
+		}
 	}
 	if err != nil || res.RowsDeleted != int64(len(old)) || !res.Cutoff.Equal(res.WindowCutoff) {
 		t.Fatalf("prune = %+v, %v; want the %d ids aged 90 minutes deleted", res, err, len(old))
