@@ -154,6 +154,22 @@ const (
 	ClassSink
 )
 
+// The reasons of ClassSink: the bounded label values of
+// idc_sink_misconfigured and what /readyz says (runtime/consumer's Sink*
+// constants are these).
+const (
+	ReasonUndefinedTable        = "undefined_table"
+	ReasonUndefinedColumn       = "undefined_column"
+	ReasonUndefinedObject       = "undefined_object"
+	ReasonNoUniqueConstraint    = "no_unique_constraint"
+	ReasonInsufficientPrivilege = "insufficient_privilege"
+	ReasonInvalidStatement      = "invalid_statement"
+	ReasonReadOnly              = "read_only"
+	ReasonAuthentication        = "authentication"
+	ReasonUndefinedDatabase     = "undefined_database"
+	ReasonInboxLost             = "inbox_lost"
+)
+
 // DB is one sink database as the runtime uses it.
 type DB interface {
 	Kind() Kind
@@ -161,7 +177,7 @@ type DB interface {
 	Begin(ctx context.Context) (Tx, error)
 	Ping(ctx context.Context) error
 	// Classify says what err, from a transaction of this DB, means; reason
-	// is one of runtime/consumer's Sink* reasons for ClassSink.
+	// is one of the Reason* values for ClassSink.
 	Classify(err error) (c Class, reason string)
 	// Inbox is the inbox the sink config names (Schema is the database on
 	// MySQL).

@@ -262,37 +262,35 @@ type errorRule struct {
 }
 
 // errorRules: the server error numbers the loop must not treat as a
-// message's fault. Reasons are runtime/consumer's Sink* values.
+// message's fault, with the reason of each ClassSink one.
 var errorRules = map[uint16]errorRule{
 	1213: {sink.ClassUnavailable, ""}, // ER_LOCK_DEADLOCK
 	1205: {sink.ClassUnavailable, ""}, // ER_LOCK_WAIT_TIMEOUT
 	1040: {sink.ClassUnavailable, ""}, // too many connections
 	1053: {sink.ClassUnavailable, ""}, // server shutdown in progress
 	1927: {sink.ClassUnavailable, ""}, // connection killed (MariaDB)
-	3024: {sink.ClassUnavailable, ""}, // max_execution_time exceeded
-	1969: {sink.ClassUnavailable, ""}, // max_statement_time exceeded (MariaDB)
-	1146: {sink.ClassSink, "undefined_table"},
-	1049: {sink.ClassSink, "undefined_database"},
-	1054: {sink.ClassSink, "undefined_column"},
-	1142: {sink.ClassSink, "insufficient_privilege"}, // table access denied
-	1143: {sink.ClassSink, "insufficient_privilege"}, // column access denied
-	1044: {sink.ClassSink, "insufficient_privilege"}, // database access denied
-	1227: {sink.ClassSink, "insufficient_privilege"}, // needs SUPER or the like
-	1045: {sink.ClassSink, "authentication"},
-	1064: {sink.ClassSink, "invalid_statement"},
-	1149: {sink.ClassSink, "invalid_statement"},
-	1792: {sink.ClassSink, "read_only"}, // read-only transaction
-	1290: {sink.ClassSink, "read_only"}, // --read-only
-	1836: {sink.ClassSink, "read_only"}, // read-only mode
-	1264: {sink.ClassData, ""},          // out of range
-	1265: {sink.ClassData, ""},          // data truncated
-	1292: {sink.ClassData, ""},          // incorrect datetime value
-	1366: {sink.ClassData, ""},          // incorrect value for column
-	1406: {sink.ClassData, ""},          // data too long
-	1048: {sink.ClassData, ""},          // column cannot be null
-	1062: {sink.ClassData, ""},          // duplicate key (another unique key than the upsert's)
-	1452: {sink.ClassData, ""},          // foreign key
-	3140: {sink.ClassData, ""},          // invalid JSON
+	1146: {sink.ClassSink, sink.ReasonUndefinedTable},
+	1049: {sink.ClassSink, sink.ReasonUndefinedDatabase},
+	1054: {sink.ClassSink, sink.ReasonUndefinedColumn},
+	1142: {sink.ClassSink, sink.ReasonInsufficientPrivilege}, // table access denied
+	1143: {sink.ClassSink, sink.ReasonInsufficientPrivilege}, // column access denied
+	1044: {sink.ClassSink, sink.ReasonInsufficientPrivilege}, // database access denied
+	1227: {sink.ClassSink, sink.ReasonInsufficientPrivilege}, // needs SUPER or the like
+	1045: {sink.ClassSink, sink.ReasonAuthentication},
+	1064: {sink.ClassSink, sink.ReasonInvalidStatement},
+	1149: {sink.ClassSink, sink.ReasonInvalidStatement},
+	1792: {sink.ClassSink, sink.ReasonReadOnly}, // read-only transaction
+	1290: {sink.ClassSink, sink.ReasonReadOnly}, // --read-only
+	1836: {sink.ClassSink, sink.ReasonReadOnly}, // read-only mode
+	1264: {sink.ClassData, ""},                  // out of range
+	1265: {sink.ClassData, ""},                  // data truncated
+	1292: {sink.ClassData, ""},                  // incorrect datetime value
+	1366: {sink.ClassData, ""},                  // incorrect value for column
+	1406: {sink.ClassData, ""},                  // data too long
+	1048: {sink.ClassData, ""},                  // column cannot be null
+	1062: {sink.ClassData, ""},                  // duplicate key (another unique key than the upsert's)
+	1452: {sink.ClassData, ""},                  // foreign key
+	3140: {sink.ClassData, ""},                  // invalid JSON
 }
 
 // dbNow reads the database clock.

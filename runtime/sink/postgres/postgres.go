@@ -7,12 +7,10 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -43,24 +41,8 @@ func (d DB) Begin(ctx context.Context) (sink.Tx, error) {
 
 func (d DB) Ping(ctx context.Context) error { return d.Pool.Ping(ctx) }
 
-// Classify maps the SQLSTATE classes the consumer's table uses for the
-// transient ones (deadlock, serialization, connection); the full table of
-// sink reasons stays runtime/consumer's until the loop runs on the seam.
-func (DB) Classify(err error) (sink.Class, string) {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return sink.ClassMessages, ""
-	}
-	switch c := pgErr.Code; {
-	case c == "40001" || c == "40P01" || c[:2] == "08" || c[:2] == "53" || c[:3] == "57P":
-		return sink.ClassUnavailable, ""
-	case c[:2] == "42":
-		return sink.ClassSink, "invalid_statement"
-	case c[:2] == "22" || c[:2] == "23":
-		return sink.ClassData, ""
-	}
-	return sink.ClassMessages, ""
-}
+// Classify is the SQLSTATE table (classify.go).
+func (DB) Classify(err error) (sink.Class, string) { return Classify(err) }
 
 func (d DB) Inbox(s config.Sink, opts ...inbox.Option) (sink.Inbox, error) {
 	st, err := inbox.New(d.Pool, s, opts...)
