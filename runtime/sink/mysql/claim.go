@@ -41,7 +41,7 @@ func (s *Inbox) Claim(ctx context.Context, tx sink.Tx, claims []inbox.Claim) (ma
 		if fps[i] != 0 {
 			fp = fps[i]
 		}
-		args = append(args, unsafeBytes(id), fp)
+		args = append(args, idArg(id), fp)
 	}
 	if s.d.claim == ClaimReturning {
 		return s.claimReturning(ctx, t, ids, args)
@@ -112,7 +112,7 @@ func collect(rows *sql.Rows, into map[string]struct{}) error {
 
 // unsafeBytes passes an id as bytes (VARBINARY) without the driver
 // treating it as text in the connection's charset.
-func unsafeBytes(s string) []byte { return []byte(s) }
+func idArg(s string) []byte { return []byte(s) }
 
 // dedupe sorts the ids and drops in-batch repeats (the first claim wins).
 func dedupe(claims []inbox.Claim) ([]string, []int64) {
@@ -144,7 +144,7 @@ func (s *Inbox) Unclaim(ctx context.Context, tx sink.Tx, ids []string) error {
 	}
 	args := make([]any, len(ids))
 	for i, id := range ids {
-		args[i] = unsafeBytes(id)
+		args[i] = idArg(id)
 	}
 	if _, err := t.ExecContext(ctx, `DELETE FROM `+s.inbox+` WHERE message_id IN (`+
 		strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")+`)`, args...); err != nil {

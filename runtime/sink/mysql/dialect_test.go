@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	driver "github.com/go-sql-driver/mysql"
 
@@ -225,7 +226,9 @@ func TestMigrationResumesAndTruncationIsLoss(t *testing.T) {
 	if v, _ := in.SchemaVersion(ctx); v != inbox.SchemaVersion {
 		t.Fatalf("version %d after the resumed migration", v)
 	}
-	if _, err := in.ReadWindow(ctx); err != nil {
+	if _, err := in.UpdateWindow(ctx, func(*inbox.WindowState) (*inbox.WindowState, error) {
+		return &inbox.WindowState{Window: time.Hour, AdoptedAt: time.Now()}, nil
+	}); err != nil {
 		t.Fatalf("the window table was not re-created: %v", err)
 	}
 	fresh, err := in.MigrateFor(ctx, nil)

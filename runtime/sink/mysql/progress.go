@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -140,6 +142,9 @@ const windowColumns = `window_ms, inputs_hash, source, derived_from, redelivery_
 // ReadWindow returns the stored window state, nil when none is stored.
 func (s *Inbox) ReadWindow(ctx context.Context) (*inbox.WindowState, error) {
 	st, err := s.readWindow(ctx, s.d.db, "")
+	if isNoSuchTable(err) {
+		return nil, nil // not migrated yet
+	}
 	if err != nil {
 		return nil, fmt.Errorf("while reading the window state of inbox %s: %w", s.name(), err)
 	}
@@ -157,8 +162,8 @@ func (s *Inbox) UpdateWindow(ctx context.Context, fn func(*inbox.WindowState) (*
 	defer func() { _ = tx.Rollback() }()
 	var one int
 	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+s.meta+` FOR UPDATE`).Scan(&one); err != nil {
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, inbox.ErrNoWindowTable
+		if errors.Is(err, sql.ErrNoRows) || isNoSuchTable(err) {
+			return nil, inbox.ErrNoWindowTable // not migrated yet
 		}
 		return nil, fmt.Errorf("while taking the window lock of inbox %s: %w", s.name(), err)
 	}
@@ -231,4 +236,10 @@ func ceilMillis(d time.Duration) int64 {
 		ms++
 	}
 	return ms
+}
+
+// isNoSuchTable: error 1146, the table does not exist.
+func isNoSuchTable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1146
 }

@@ -58,6 +58,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("DeadLetters", func(t *testing.T) { deadLetters(t, h) })
 	t.Run("ProgressRecords", func(t *testing.T) { progress(t, h) })
 	t.Run("StoredWindow", func(t *testing.T) { window(t, h) })
+	t.Run("NoWindowBeforeMigrate", func(t *testing.T) { windowBeforeMigrate(t, h) })
 	t.Run("PruneConcurrentWithClaims", func(t *testing.T) { prune(t, h) })
 }
 
@@ -590,6 +591,25 @@ func window(t *testing.T, h Harness) {
 	read, _ = e.in.ReadWindow(c)
 	if want := 2*time.Hour + time.Millisecond + writers*time.Second; read.Window != want || read.PendingSince != nil {
 		t.Fatalf("after %d concurrent updates: window %s pending %v, want %s and no pending shrink", writers, read.Window, read.PendingSince, want)
+	}
+}
+
+// windowBeforeMigrate: an inbox not migrated yet stores no window; an
+// update says to migrate first.
+func windowBeforeMigrate(t *testing.T, h Harness) {
+	db, schema := h.Open(t)
+	in, err := db.Inbox(config.Sink{Schema: schema, InboxTable: inboxTable, Layout: config.LayoutTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := in.ReadWindow(ctx(t)); st != nil || err != nil {
+		t.Fatalf("ReadWindow before Migrate = %+v, %v; want nil, nil", st, err)
+	}
+	_, err = in.UpdateWindow(ctx(t), func(*inbox.WindowState) (*inbox.WindowState, error) {
+		return &inbox.WindowState{Window: time.Hour}, nil
+	})
+	if !errors.Is(err, inbox.ErrNoWindowTable) {
+		t.Fatalf("UpdateWindow before Migrate = %v; want ErrNoWindowTable", err)
 	}
 }
 
