@@ -85,27 +85,48 @@
 // deletes those ids, each batch its own short transaction.
 //
 // Errors (DB.Classify): each dialect maps its codes onto the same classes
-// and reasons (Class; the consumer's Stalled and Reconciling reasons).
-// PostgreSQL by SQLSTATE (runtime/consumer's table). MySQL by error number:
-// 1213 deadlock and 1205 lock wait timeout are ClassUnavailable (transient:
-// retried on the bounded backoff, never counted as an attempt, never
-// dead-lettered; InnoDB may roll back only the statement on 1205, so the
-// loop always rolls the whole transaction back), as are connection errors;
-// 1146 no such table, 1054 unknown column, 1142/1143/1227/1044 privilege,
-// 1064 syntax, 1792/1290 read-only are ClassSink; data errors (1264, 1265,
-// 1366, 1406, 1292, 1048, 1062, …) are ClassData.
+// and reasons (Class, Reason*: the consumer's hold reasons and
+// idc_sink_misconfigured labels). PostgreSQL by SQLSTATE: the one table is
+// runtime/sink/postgres's, which runtime/consumer classifies with. MySQL by
+// error number: 1213 deadlock and 1205 lock wait timeout are
+// ClassUnavailable (transient: retried on the bounded backoff, never
+// counted as an attempt, never dead-lettered; InnoDB may roll back only
+// the statement on 1205, so the loop always rolls the whole transaction
+// back), as are connection errors, 1040 and 1053; 1146 no such table, 1054
+// unknown column, 1142/1143/1044/1227 privilege, 1064 syntax, 1792/1290
+// read-only are ClassSink; data errors (1264, 1265, 1292, 1366, 1406,
+// 1048, 1062, SQLSTATE 22/23) are ClassData; the rest, statement timeouts
+// included, ClassMessages, as on PostgreSQL.
 //
 // DDL (Inbox.Migrate): PostgreSQL runs it in one transaction under an
-// advisory lock. MySQL has no transactional DDL (each statement commits), so
-// its migration is a sequence of idempotent steps under GET_LOCK on one
-// connection (released when the connection ends, so a crashed migrator
-// never holds it): CREATE TABLE IF NOT EXISTS for every table, the meta
-// table last, its row (schema version, layout) inserted only after every
-// other table exists, and upgrades as ADD COLUMN IF NOT EXISTS (MariaDB)
-// with ALGORITHM=INSTANT where it applies. A crash between two steps leaves
-// a state the next pass completes: no meta row means "not migrated", and
-// every step before it is a no-op when repeated. Identifiers follow MySQL:
-// at most 64 characters, validated, quoted with backticks.
+// advisory lock. MySQL has no transactional DDL (each statement commits),
+// so its migration is a sequence of idempotent steps under GET_LOCK on one
+// connection (a session lock: it ends with the connection, so a migrator
+// that dies never leaves it held): CREATE TABLE IF NOT EXISTS for every
+// table, the meta table last, and its row (schema version, layout) written
+// only after every other table exists; no meta row reads as "not
+// migrated", so a crash between two steps is completed by the next pass.
+// Schema version 7 is the first MySQL shape, so nothing is upgraded in
+// place yet; a later version adds nullable columns with ADD COLUMN IF NOT
+// EXISTS (MariaDB; MySQL 8 reads information_schema first) and
+// ALGORITHM=INSTANT, which bounds the lock on a live inbox to a metadata
+// change. MySQL has no TRUNCATE trigger: the epoch is also written as a
+// marker row in the inbox table (an id starting with NUL, which no message
+// id has, processed in year 9999, which prune never reaches), and a marker
+// that is gone reads as a truncated epoch (inbox.LostError). Identifiers
+// follow MySQL: at most 64 characters (derived names shortened with a
+// hash), validated, quoted with backticks.
+//
+// Round trips per batch of a sequence-gated upsert: PostgreSQL 4 (BEGIN,
+// claim, upsert, COMMIT); MariaDB 5 (the upsert's pre-read). Statements
+// with arguments are one round trip on MySQL because the driver
+// interpolates them (no server-side prepare per statement).
+//
+// Not in the seam yet (later slices of issue 35): the outbox, relay and
+// redrive; the Partitioned layout; the sql effect's named parameters; the
+// controller's preflight and sinkdb; Stats, Existing, the id conflicts and
+// the dead-letter listing. The consumer loop, the prune job and the
+// controller still call runtime/inbox and runtime/effect directly.
 package sink
 
 import (

@@ -248,3 +248,64 @@ func TestMigrationResumesAndTruncationIsLoss(t *testing.T) {
 	}
 	_ = id
 }
+
+// A batch of a sequence-gated upsert costs three statements inside its
+// transaction (claim, pre-read, write), each one round trip: nothing is
+// prepared on the server (the driver interpolates the arguments).
+func TestStatementsPerBatch(t *testing.T) {
+	d, db := open(t)
+	ctx := context.Background()
+	exec(t, d, "CREATE TABLE `"+db+"`.orders (order_id VARCHAR(64) PRIMARY KEY, status TEXT, version BIGINT)")
+	in := newInbox(t, d, db)
+	if err := in.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eff, err := d.Effect(config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"}, SequenceColumn: "version",
+		Columns: map[string]string{"order_id": "$.id", "status": "$.status", "version": "$.v"}}}, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := d.Begin(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
+	counters := func() (questions, prepares int) {
+		rows, err := tx.(mysql.Tx).QueryContext(ctx, "SHOW SESSION STATUS WHERE Variable_name IN ('Questions', 'Com_stmt_prepare')")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = rows.Close() }()
+		for rows.Next() {
+			var name string
+			var v int
+			if err := rows.Scan(&name, &v); err != nil {
+				t.Fatal(err)
+			}
+			if name == "Questions" {
+				questions = v
+			} else {
+				prepares = v
+			}
+		}
+		return questions, prepares
+	}
+	q0, _ := counters()
+	q1, p1 := counters() // the SHOW itself counts once
+	var claims []inbox.Claim
+	var recs []*effect.Record
+	for i := range 50 {
+		id := string(rune('a'+i%26)) + string(rune('a'+i/26))
+		claims = append(claims, inbox.Claim{MessageID: id})
+		m := extract.NewMessage(source.Message{Body: []byte(`{"id":"` + id + `","status":"s","v":1}`)})
+		m.ID = id
+		recs = append(recs, m)
+	}
+	if _, err := in.Claim(ctx, tx, claims); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eff.Apply(ctx, tx, recs); err != nil {
+		t.Fatal(err)
+	}
+	q2, p2 := counters()
+	if got := (q2 - q1) - (q1 - q0); got != 3 || p2 != p1 {
+		t.Fatalf("a 50-message batch ran %d statements and %d prepares; want 3 and 0", got, p2-p1)
+	}
+}
