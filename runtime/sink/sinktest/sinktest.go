@@ -54,6 +54,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ConcurrentClaimsEachIDOnce", func(t *testing.T) { concurrentClaims(t, h) })
 	t.Run("DeadlockIsTransient", func(t *testing.T) { deadlock(t, h) })
 	t.Run("SequenceGate", func(t *testing.T) { sequenceGate(t, h) })
+	t.Run("ConcurrentUpsertsKeepTheHighestVersion", func(t *testing.T) { concurrentUpserts(t, h) })
 	t.Run("Append", func(t *testing.T) { appendRows(t, h) })
 	t.Run("DeadLetters", func(t *testing.T) { deadLetters(t, h) })
 	t.Run("ProgressRecords", func(t *testing.T) { progress(t, h) })
@@ -372,11 +373,7 @@ func (e *env) apply(t *testing.T, eff sink.Effect, recs ...*effect.Record) effec
 func sequenceGate(t *testing.T, h Harness) {
 	e := setup(t, h)
 	h.CreateOrders(t, e.db, e.schema, "orders")
-	eff, err := e.db.Effect(config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"}, SequenceColumn: "version",
-		Columns: map[string]string{"order_id": "$.orderId", "status": "$.status", "version": "$.version"}}}, e.schema, nil)
-	if err != nil {
-		t.Fatalf("Effect: %v", err)
-	}
+	eff := ordersEffect(t, e)
 	want := func(what string, res effect.Result, applied, stale int, rows map[string]Order) {
 		t.Helper()
 		if res.Applied != applied || res.Stale != stale || len(res.Failed) != 0 {
@@ -406,6 +403,92 @@ func sequenceGate(t *testing.T, h Harness) {
 	res = e.apply(t, eff, record("m10", `{"status":"x","version":9}`), orderRec("m11", "o3", "paid", 8))
 	if len(res.Failed) != 1 || res.Failed[0].Index != 0 || res.Applied != 1 {
 		t.Errorf("a record without its key: %+v; want it failed alone and the other applied", res)
+	}
+}
+
+func ordersEffect(t *testing.T, e *env) sink.Effect {
+	t.Helper()
+	eff, err := e.db.Effect(config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"}, SequenceColumn: "version",
+		Columns: map[string]string{"order_id": "$.orderId", "status": "$.status", "version": "$.version"}}}, e.schema, nil)
+	if err != nil {
+		t.Fatalf("Effect: %v", err)
+	}
+	return eff
+}
+
+// concurrentUpserts: workers upsert overlapping keys with versions in no
+// particular order, each batch in its own transaction (retried when the
+// dialect says transient). Whatever the interleaving, every key ends at
+// its highest version, with that version's status.
+func concurrentUpserts(t *testing.T, h Harness) {
+	e := setup(t, h)
+	h.CreateOrders(t, e.db, e.schema, "orders")
+	eff := ordersEffect(t, e)
+	const workers, batches, keys = 4, 20, 12
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for b := range batches {
+				var recs []*effect.Record
+				for i := range 8 {
+					k := (w*5 + b*3 + i*7) % keys
+					v := (w*31 + b*17 + i*13) % 97
+					recs = append(recs, orderRec(fmt.Sprintf("m-%d-%d-%d", w, b, i), fmt.Sprintf("o%02d", k), fmt.Sprintf("s%d", v), v))
+				}
+				if err := e.applyRetrying(eff, recs); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	want := map[string]Order{}
+	for w := range workers {
+		for b := range batches {
+			for i := range 8 {
+				k, v := fmt.Sprintf("o%02d", (w*5+b*3+i*7)%keys), int64((w*31+b*17+i*13)%97)
+				if cur, ok := want[k]; !ok || v > cur.Version {
+					want[k] = Order{Status: fmt.Sprintf("s%d", v), Version: v}
+				}
+			}
+		}
+	}
+	got := h.Orders(t, e.db, e.schema, "orders")
+	for k, o := range want {
+		if got[k] != o {
+			t.Errorf("order %s = %+v, want %+v (the highest version)", k, got[k], o)
+		}
+	}
+}
+
+// applyRetrying applies recs in their own transaction, retrying transient
+// failures.
+func (e *env) applyRetrying(eff sink.Effect, recs []*effect.Record) error {
+	c := context.Background()
+	for {
+		err := func() error {
+			tx, err := e.db.Begin(c)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(c) }()
+			if _, err := eff.Apply(c, tx, recs); err != nil {
+				return err
+			}
+			return tx.Commit(c)
+		}()
+		if err == nil {
+			return nil
+		}
+		if class, _ := e.db.Classify(err); class != sink.ClassUnavailable {
+			return fmt.Errorf("upsert failed with a non-transient error (class %d): %w", class, err)
+		}
 	}
 }
 
