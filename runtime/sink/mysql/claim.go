@@ -62,6 +62,10 @@ func (s *Inbox) claimReturning(ctx context.Context, t *sql.Tx, ids []string, arg
 	return fresh, nil
 }
 
+// testHookAfterClaimRead, when set (tests only), runs between ClaimCount's
+// read and its insert: where a concurrent claim of the same id lands.
+var testHookAfterClaimRead func()
+
 func (s *Inbox) claimCount(ctx context.Context, t *sql.Tx, ids []string, args []any) (map[string]struct{}, error) {
 	in := make([]any, len(ids))
 	for i := range ids {
@@ -75,6 +79,9 @@ func (s *Inbox) claimCount(ctx context.Context, t *sql.Tx, ids []string, args []
 	existing := make(map[string]struct{}, len(ids))
 	if err := collect(rows, existing); err != nil {
 		return nil, fmt.Errorf("while claiming %d ids in the inbox: %w", len(ids), err)
+	}
+	if testHookAfterClaimRead != nil {
+		testHookAfterClaimRead()
 	}
 	fresh := make(map[string]struct{}, len(ids)-len(existing))
 	insert := make([]any, 0, 2*(len(ids)-len(existing)))

@@ -309,3 +309,34 @@ func TestStatementsPerBatch(t *testing.T) {
 		t.Fatalf("a 50-message batch ran %d statements and %d prepares; want 3 and 0", got, p2-p1)
 	}
 }
+
+// ClaimCount (MySQL 8's claim) never takes an id another transaction
+// claimed between its read and its insert for new: the count gives it away,
+// and the claim fails transient, even when the DSN asks for found rows
+// (which would count the untouched duplicate as inserted).
+func TestCountingClaimRace(t *testing.T) {
+	name, dsn := mysqltest.NewDatabase(t)
+	d, err := mysql.Open(context.Background(), dsn+"?clientFoundRows=true", mysql.WithClaimStrategy(mysql.ClaimCount))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	ctx := context.Background()
+	in := newInbox(t, d, name)
+	if err := in.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mysql.SetAfterClaimRead(func() {
+		exec(t, d, "INSERT INTO `"+name+"`.inbox_orders (message_id) VALUES ('b')")
+	})
+	defer mysql.SetAfterClaimRead(nil)
+	tx, _ := d.Begin(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
+	fresh, err := in.Claim(ctx, tx, []inbox.Claim{{MessageID: "a"}, {MessageID: "b"}})
+	if !errors.Is(err, mysql.ErrClaimRace) {
+		t.Fatalf("claim racing a committed claim of b = %v, %v; want ErrClaimRace", fresh, err)
+	}
+	if c, _ := d.Classify(err); c != sink.ClassUnavailable {
+		t.Fatalf("ErrClaimRace classified %d, want ClassUnavailable", c)
+	}
+}

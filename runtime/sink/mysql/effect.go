@@ -155,6 +155,14 @@ var testHookAfterPreRead func()
 // upsertEffect writes the latest state per key behind the sequence gate:
 // a locking pre-read of the batch's keys (exact counts), then one gated
 // INSERT … ON DUPLICATE KEY UPDATE (the gate itself).
+//
+// The batch is collapsed, and the pre-read's rows matched, by the key's
+// text as the message carries it. The state is always the database's
+// (the gate runs in the statement, under the key's own comparison); the
+// counts (applied, stale, changed) are exact when the key column compares
+// that text byte for byte (integers, binary or _bin-collated strings). A
+// case-insensitive collation, or a type whose stored text differs from the
+// message's (DECIMAL, DATETIME), can make them approximate.
 type upsertEffect struct {
 	cols   []column
 	keyIdx []int

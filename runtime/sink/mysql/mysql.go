@@ -81,6 +81,9 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*DB, error) {
 		return nil, fmt.Errorf("while parsing the MySQL DSN: %w", err)
 	}
 	cfg.ParseTime, cfg.Loc, cfg.InterpolateParams = true, time.UTC, true
+	// The claim and the upsert read the affected-rows count: an existing
+	// row left unchanged must count 0, whatever the DSN asked for.
+	cfg.ClientFoundRows = false
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("while configuring the MySQL connection: %w", err)
