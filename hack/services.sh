@@ -14,11 +14,12 @@ start() {
     postgresql) pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start ;;
     redis) redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log ;;
     rabbitmq) rabbitmq-server -detached ;;
+    mariadb) start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd ;;
     nats) start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log ;;
   esac
 }
 
-services=("postgresql 127.0.0.1 5432" "redis 127.0.0.1 6379" "rabbitmq 127.0.0.1 5672" "nats 127.0.0.1 4222")
+services=("postgresql 127.0.0.1 5432" "redis 127.0.0.1 6379" "rabbitmq 127.0.0.1 5672" "nats 127.0.0.1 4222" "mariadb 127.0.0.1 3306")
 failed=0
 for s in "${services[@]}"; do
   read -r name host port <<<"$s"

@@ -80,7 +80,10 @@ type Names struct {
 
 // NamesFor derives the table names from the sink config. Derived names that
 // would exceed 63 bytes are shortened with a hash so they stay distinct.
-func NamesFor(sink config.Sink) Names {
+func NamesFor(sink config.Sink) Names { return namesFor(sink, maxIdentifier) }
+
+func namesFor(sink config.Sink, max int) Names {
+	DerivedName := func(base, suffix string) string { return derivedName(base, suffix, max) }
 	dl := sink.DeadLetterTable
 	if dl == "" {
 		dl = DerivedName(sink.InboxTable, "_dead_letters")
@@ -148,12 +151,14 @@ func WithRedrives() Option { return func(o *Options) { o.Redrives = true } }
 
 // DerivedName is base+suffix, with base cut and tagged with a short hash when
 // the result would be longer than PostgreSQL keeps.
-func DerivedName(base, suffix string) string {
-	if len(base)+len(suffix) <= maxIdentifier {
+func DerivedName(base, suffix string) string { return derivedName(base, suffix, maxIdentifier) }
+
+func derivedName(base, suffix string, max int) string {
+	if len(base)+len(suffix) <= max {
 		return base + suffix
 	}
 	tag := fmt.Sprintf("_%08x", crc32.ChecksumIEEE([]byte(base)))
-	return base[:maxIdentifier-len(suffix)-len(tag)] + tag + suffix
+	return base[:max-len(suffix)-len(tag)] + tag + suffix
 }
 
 // Store is the inbox of one consumer.

@@ -1,0 +1,59 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idempotency-dev/idc-operator/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/sinktest"
+)
+
+func pool(db sink.DB) postgres.DB { return db.(postgres.DB) }
+
+// TestConformance runs the sink conformance suite on the real PostgreSQL.
+func TestConformance(t *testing.T) {
+	sinktest.Run(t, sinktest.Harness{
+		Open: func(t *testing.T) (sink.DB, string) {
+			p, _ := pgtest.NewPool(t)
+			pgtest.Exec(t, p, "CREATE SCHEMA conformance")
+			return postgres.New(p), "conformance"
+		},
+		CreateOrders: func(t *testing.T, db sink.DB, schema, table string) {
+			q := pgx.Identifier{schema, table}.Sanitize()
+			pgtest.Exec(t, pool(db).Pool,
+				"CREATE TABLE "+q+" (order_id text PRIMARY KEY, status text, version bigint)",
+				"CREATE TABLE "+pgx.Identifier{schema, table + "_events"}.Sanitize()+" (event_id text, order_id text)")
+		},
+		Orders: func(t *testing.T, db sink.DB, schema, table string) map[string]sinktest.Order {
+			rows, err := pool(db).Pool.Query(context.Background(), "SELECT order_id, status, coalesce(version, -1) FROM "+pgx.Identifier{schema, table}.Sanitize())
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]sinktest.Order{}
+			var id string
+			var o sinktest.Order
+			if _, err := pgx.ForEachRow(rows, []any{&id, &o.Status, &o.Version}, func() error { out[id] = o; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		},
+		Count: func(t *testing.T, db sink.DB, schema, table string) int {
+			var n int
+			if err := pool(db).Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{schema, table}.Sanitize()).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		Age: func(t *testing.T, db sink.DB, schema, table string, ids []string, d time.Duration) {
+			if _, err := pool(db).Pool.Exec(context.Background(), "UPDATE "+pgx.Identifier{schema, table}.Sanitize()+
+				" SET processed_at = processed_at - $2::bigint * interval '1 microsecond' WHERE message_id = ANY($1)", ids, d.Microseconds()); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
+}

@@ -1,0 +1,265 @@
+// Package sink is the dialect seam: the one place that names what differs
+// between the sink databases (PostgreSQL, MySQL/MariaDB), at the level of the
+// operations the runtime performs, never of SQL strings. Each dialect is a
+// package that implements DB, Inbox and Effect with its own driver and its
+// own statements:
+//
+//   - runtime/sink/postgres: pgx, over the existing runtime/inbox Store and
+//     runtime/effect effects. Nothing of PostgreSQL's SQL moved, and its hot
+//     path gains no allocation and no round trip: Tx is satisfied by pgx.Tx
+//     itself, so passing one through the seam is an interface conversion and
+//     a type assertion (BenchmarkSeam in runtime/sink/postgres measures it).
+//   - runtime/sink/mysql: database/sql with github.com/go-sql-driver/mysql.
+//
+// What is the same for both stays outside the dialects and is shared: the
+// value types of runtime/inbox (Claim, DeadLetter, Heartbeat,
+// ProgressRecord, WindowState, Bound, PruneResult, Owner, the identity
+// decisions of inbox.State), the effect's Record and Result, the batch
+// collapse per entity key, the loop's retry, bisection and hold rules.
+//
+// # The operations and how each dialect does them
+//
+// The claim (Inbox.Claim) is set-based, one statement per batch, the ids
+// sorted so that concurrent claims lock in one order:
+//
+//   - PostgreSQL: INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING
+//     RETURNING message_id.
+//   - MariaDB 10.5+: INSERT IGNORE … VALUES (…),(…) RETURNING message_id,
+//     which returns only the rows it inserted (… ON DUPLICATE KEY UPDATE …
+//     RETURNING returns every row, duplicates included, so it cannot tell
+//     new from old). IGNORE would also turn a too-long value into a
+//     warning; the claim refuses ids longer than the column in Go first, and
+//     the fingerprint is an int64, so the only error IGNORE absorbs is the
+//     duplicate key.
+//   - MySQL 8 has no RETURNING: the claim reads which ids exist (LOCK IN
+//     SHARE MODE: prune skips them), inserts the rest with … ON DUPLICATE
+//     KEY UPDATE message_id = message_id, and checks the affected-rows count
+//     against the prediction. A concurrent claim of the same id in between
+//     makes the count differ: the claim then fails with a transient error
+//     (ErrClaimRace, ClassUnavailable) and the batch is retried, never
+//     dead-lettered. Two round trips. The strategy is chosen from the
+//     server's version at open; both run on MariaDB in the conformance
+//     suite, but MySQL 8 itself is untested here (no MySQL 8 server on this
+//     machine, and the module proxy serves no way to run one).
+//
+// Isolation: READ COMMITTED on both. On InnoDB, REPEATABLE READ (its
+// default) takes next-key (gap) locks on the duplicate checks of INSERT and
+// on locking reads, and two claims inserting neighbouring new ids then
+// deadlock on each other's gaps; READ COMMITTED keeps record locks only
+// (duplicate-key checks still lock the record, in the sorted order). The
+// MySQL dialect sets it per session when a connection is made (SET SESSION
+// TRANSACTION ISOLATION LEVEL READ COMMITTED, with sql_mode strict and
+// time_zone UTC), so Begin is a bare START TRANSACTION: a per-transaction
+// level would cost a round trip per batch.
+//
+// The sequence-gated upsert (DB.Effect, upsert): the batch is collapsed per
+// key to the highest sequence in Go (runtime/effect, shared), then
+//
+//   - PostgreSQL: one INSERT … ON CONFLICT DO UPDATE … WHERE cur.seq <
+//     EXCLUDED.seq, whose affected rows are the applied ones.
+//   - MySQL: SELECT key, seq … FOR UPDATE of the batch's keys (record locks,
+//     sorted), then one INSERT … VALUES … ON DUPLICATE KEY UPDATE whose
+//     assignments are each gated by IF(seq IS NULL OR seq < VALUES(seq), …)
+//     with the sequence column assigned last (MySQL evaluates assignments
+//     left to right, each seeing the ones before). The gate stays in the
+//     statement, so the state is right even when a concurrent insert of a
+//     new key lands between the two; the pre-read only makes the counts
+//     (applied, stale, changed) exact, which ON DUPLICATE KEY's affected rows
+//     (1 insert, 2 update, 0 unchanged) cannot.
+//
+// Append is one multi-row INSERT on both. Dead letters: PostgreSQL ON
+// CONFLICT (native_id) DO NOTHING RETURNING; MySQL reads which native ids
+// are there and inserts the rest (rare path, two round trips).
+//
+// Progress rows and the stored window: the same rows; every time is the
+// database clock (now() on PostgreSQL, UTC_TIMESTAMP(6) into DATETIME(6) on
+// MySQL, read back as UTC). The window's read-modify-write is serialized by
+// PostgreSQL's transaction advisory lock, and on MySQL by a row lock on the
+// inbox's meta row (SELECT … FOR UPDATE: the row always exists once
+// migrated, unlike the window row, which FOR UPDATE cannot lock before it
+// exists).
+//
+// Prune, Table layout: batched deletes that never wait for a claim.
+// PostgreSQL deletes by ctid from a FOR UPDATE SKIP LOCKED subselect; MySQL
+// (8.0+ / MariaDB 10.6+) selects a batch of ids FOR UPDATE SKIP LOCKED and
+// deletes those ids, each batch its own short transaction.
+//
+// Errors (DB.Classify): each dialect maps its codes onto the same classes
+// and reasons (Class, Reason*: the consumer's hold reasons and
+// idc_sink_misconfigured labels). PostgreSQL by SQLSTATE: the one table is
+// runtime/sink/postgres's, which runtime/consumer classifies with. MySQL by
+// error number: 1213 deadlock and 1205 lock wait timeout are
+// ClassUnavailable (transient: retried on the bounded backoff, never
+// counted as an attempt, never dead-lettered; InnoDB may roll back only
+// the statement on 1205, so the loop always rolls the whole transaction
+// back), as are connection errors, 1040 and 1053; 1146 no such table, 1054
+// unknown column, 1142/1143/1044/1227 privilege, 1064 syntax, 1792/1290
+// read-only are ClassSink; data errors (1264, 1265, 1292, 1366, 1406,
+// 1048, 1062, SQLSTATE 22/23) are ClassData; the rest, statement timeouts
+// included, ClassMessages, as on PostgreSQL.
+//
+// DDL (Inbox.Migrate): PostgreSQL runs it in one transaction under an
+// advisory lock. MySQL has no transactional DDL (each statement commits),
+// so its migration is a sequence of idempotent steps under GET_LOCK on one
+// connection (a session lock: it ends with the connection, so a migrator
+// that dies never leaves it held): CREATE TABLE IF NOT EXISTS for every
+// table, the meta table last, and its row (schema version, layout) written
+// only after every other table exists; no meta row reads as "not
+// migrated", so a crash between two steps is completed by the next pass.
+// Schema version 7 is the first MySQL shape, so nothing is upgraded in
+// place yet; a later version adds nullable columns with ADD COLUMN IF NOT
+// EXISTS (MariaDB; MySQL 8 reads information_schema first) and
+// ALGORITHM=INSTANT, which bounds the lock on a live inbox to a metadata
+// change. MySQL has no TRUNCATE trigger: the epoch is also written as a
+// marker row in the inbox table (an id starting with NUL, which no message
+// id has, processed in year 9999, which prune never reaches), and a marker
+// that is gone reads as a truncated epoch (inbox.LostError). Identifiers
+// follow MySQL: at most 64 characters (derived names shortened with a
+// hash), validated, quoted with backticks.
+//
+// Round trips per batch of a sequence-gated upsert: PostgreSQL 4 (BEGIN,
+// claim, upsert, COMMIT); MariaDB 5 (the upsert's pre-read). Statements
+// with arguments are one round trip on MySQL because the driver
+// interpolates them (no server-side prepare per statement).
+//
+// Not in the seam yet (later slices of issue 35): the outbox, relay and
+// redrive; the Partitioned layout; the sql effect's named parameters; the
+// controller's preflight and sinkdb; Stats, Existing, the id conflicts and
+// the dead-letter listing. The consumer loop, the prune job and the
+// controller still call runtime/inbox and runtime/effect directly.
+package sink
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/effect"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+)
+
+// Kind names a dialect.
+type Kind string
+
+const (
+	Postgres Kind = "postgres"
+	MySQL    Kind = "mysql"
+)
+
+// Tx is the claim transaction of one lane batch, opened by DB.Begin. An
+// Inbox or Effect accepts only a Tx its own DB opened. pgx.Tx satisfies it
+// as it is.
+type Tx interface {
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// Class is what a failed transaction says, and so what the loop does with
+// it (runtime/consumer's failure kinds).
+type Class int
+
+const (
+	// ClassMessages: something about these messages, or an unknown cause:
+	// retried, counted, bisected, dead-lettered after maxAttempts.
+	ClassMessages Class = iota
+	// ClassData: a value of one message does not fit: the message is
+	// dead-lettered.
+	ClassData
+	// ClassUnavailable: the database, the path to it, or another
+	// transaction (deadlock, lock wait, serialization): retried until it
+	// passes, never counted as an attempt, never dead-lettered.
+	ClassUnavailable
+	// ClassSink: the sink itself is wrong (missing table, column, key,
+	// privilege, read-only): the loop holds with the reason.
+	ClassSink
+)
+
+// The reasons of ClassSink: the bounded label values of
+// idc_sink_misconfigured and what /readyz says (runtime/consumer's Sink*
+// constants are these).
+const (
+	ReasonUndefinedTable        = "undefined_table"
+	ReasonUndefinedColumn       = "undefined_column"
+	ReasonUndefinedObject       = "undefined_object"
+	ReasonNoUniqueConstraint    = "no_unique_constraint"
+	ReasonInsufficientPrivilege = "insufficient_privilege"
+	ReasonInvalidStatement      = "invalid_statement"
+	ReasonReadOnly              = "read_only"
+	ReasonAuthentication        = "authentication"
+	ReasonUndefinedDatabase     = "undefined_database"
+	ReasonInboxLost             = "inbox_lost"
+)
+
+// DB is one sink database as the runtime uses it.
+type DB interface {
+	Kind() Kind
+	// Begin opens the transaction of one lane batch (READ COMMITTED).
+	Begin(ctx context.Context) (Tx, error)
+	Ping(ctx context.Context) error
+	// Classify says what err, from a transaction of this DB, means; reason
+	// is one of the Reason* values for ClassSink.
+	Classify(err error) (c Class, reason string)
+	// Inbox is the inbox the sink config names (Schema is the database on
+	// MySQL).
+	Inbox(sink config.Sink, opts ...inbox.Option) (Inbox, error)
+	// Effect builds a transactional effect (upsert, append; sql on
+	// PostgreSQL) whose tables are in schema.
+	Effect(cfg config.Effect, schema string, entity *config.Entity) (Effect, error)
+}
+
+// Inbox is the inbox of one consumer in one dialect: the operations whose
+// statements differ between the databases.
+type Inbox interface {
+	// Migrate creates or upgrades every table of the inbox and records the
+	// schema version; idempotent, safe concurrently and after a crash.
+	Migrate(ctx context.Context) error
+	// MigrateFor is Migrate for the controller's claim: it refuses a lost
+	// inbox or another owner's, records the owner, mints the epoch.
+	MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (inbox.Identity, error)
+	// SchemaVersion is the recorded version, 0 when not migrated.
+	SchemaVersion(ctx context.Context) (int, error)
+	// Drop removes every table of the inbox, only when its meta row marks
+	// them as the operator's.
+	Drop(ctx context.Context) error
+
+	// Claim records the ids in tx and returns the new ones (in-batch
+	// repeats claimed once).
+	Claim(ctx context.Context, tx Tx, claims []inbox.Claim) (map[string]struct{}, error)
+	// Unclaim releases ids claimed earlier in tx.
+	Unclaim(ctx context.Context, tx Tx, ids []string) error
+	// DeadLetter inserts the rows in tx and reports which were new (one
+	// per broker native id).
+	DeadLetter(ctx context.Context, tx Tx, dls []inbox.DeadLetter) ([]bool, error)
+
+	// WriteHeartbeat upserts the replica's progress row (database clock).
+	WriteHeartbeat(ctx context.Context, hb inbox.Heartbeat) error
+	// Progress returns the database's clock and every progress row, oldest
+	// heartbeat first.
+	Progress(ctx context.Context) (time.Time, []inbox.ProgressRecord, error)
+	MarkStale(ctx context.Context, rec inbox.ProgressRecord, mark map[string]int64) error
+	RetireProgress(ctx context.Context, rec inbox.ProgressRecord) error
+
+	// ReadWindow and UpdateWindow keep the adopted retention window beside
+	// the data (runtime/retention.AdoptStored decides).
+	ReadWindow(ctx context.Context) (*inbox.WindowState, error)
+	UpdateWindow(ctx context.Context, fn func(current *inbox.WindowState) (*inbox.WindowState, error)) (*inbox.WindowState, error)
+
+	// PruneTable deletes ids below the bound's cutoff in batches that never
+	// wait for a claim, and records the run.
+	PruneTable(ctx context.Context, b inbox.Bound, batchSize int, maxDuration time.Duration) (inbox.PruneResult, error)
+	LastPruneRun(ctx context.Context) (*inbox.PruneRun, error)
+}
+
+// Effect is a transactional effect in one dialect.
+type Effect interface {
+	// Apply applies recs inside tx (see effect.Effect).
+	Apply(ctx context.Context, tx Tx, recs []*effect.Record) (effect.Result, error)
+}
+
+// ErrForeignTx is returned when an Inbox or Effect is handed a Tx another
+// dialect opened.
+var ErrForeignTx = errors.New("the transaction was not opened by this sink database")
+
+// ErrUnsupported is an operation or effect the dialect does not have yet.
+var ErrUnsupported = errors.New("not supported by this sink database yet")
