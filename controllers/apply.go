@@ -48,7 +48,8 @@ func liveVersion(o client.Object) string {
 // apply server-side-applies a rendered child owned by idc, unless this
 // process applied the same rendering to the same live version already. It
 // never applies over an object it could not read, nor over one another
-// owner holds (a conflictError).
+// owner holds (a conflictError): a child the cache does not hold is
+// created by a create-only apply, which changes no object that exists.
 func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer, obj client.Object) error {
 	gvk := obj.GetObjectKind().GroupVersionKind()
 	if err := controllerutil.SetControllerReference(idc, obj, r.scheme); err != nil {
@@ -71,9 +72,25 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 		return last.refused
 	}
 
-	existing, err := r.readChild(ctx, obj)
+	existing, err := r.cachedChild(ctx, obj)
 	if err != nil {
 		return err
+	}
+	if existing == nil {
+		// None of ours is in the cache (it holds every child with the
+		// managed-by label), but one of the same name that someone else
+		// made may exist: a create-only apply tells them apart in one
+		// request, where a GET before the apply took two. A child this
+		// process applied before and the cache does not hold yet is read
+		// instead.
+		if _, known := r.memory.appliedChild(owner, child); !known {
+			if done, err := r.createChild(ctx, un, owner, child, hash); done {
+				return err
+			}
+		}
+		if existing, err = r.liveChild(ctx, obj); err != nil {
+			return err
+		}
 	}
 	if existing != nil {
 		if !metav1.IsControlledBy(existing, idc) {
@@ -100,17 +117,54 @@ func (r *Reconciler) apply(ctx context.Context, idc *messagingv1alpha1.Idempoten
 	return nil
 }
 
-// readChild reads a child from the cache and, when the cache does not hold
-// it, from the API server: the cache holds only objects with the
-// operator's managed-by label, so one of the same name that someone else
-// created is seen only there. nil means there is none.
-func (r *Reconciler) readChild(ctx context.Context, obj client.Object) (client.Object, error) {
+// createChild creates the child un by a create-only apply. done: it was
+// created, or refused as invalid (err says why); otherwise one exists
+// (another owner's, or ours made a moment ago) or the API server took no
+// create-only apply, and the caller reads it.
+func (r *Reconciler) createChild(ctx context.Context, un *unstructured.Unstructured, owner client.ObjectKey, child, hash string) (done bool, err error) {
+	kind := un.GetKind()
+	created := un.DeepCopy()
+	created.SetResourceVersion(createOnlyVersion)
+	err = r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(created), fieldOwner, client.ForceOwnership)
+	if err == nil {
+		childApplies.WithLabelValues(kind).Inc()
+		r.memory.putAppliedChild(owner, child, appliedChild{hash: hash, version: liveVersion(created)})
+		return true, nil
+	}
+	// Invalid: the rendering is refused (the version is compared before an
+	// existing object is validated, so this one does not exist).
+	if refused := invalidChild(kind, un.GetName(), err); refused != nil {
+		childApplies.WithLabelValues(kind).Inc()
+		r.memory.putAppliedChild(owner, child, appliedChild{hash: hash, refused: refused})
+		return true, refused
+	}
+	return false, nil
+}
+
+// createOnlyVersion is a resourceVersion no stored object has (the
+// largest the API server parses): an apply that carries it creates the
+// object when there is none and is refused with a Conflict when one
+// exists, without changing it. A resourceVersion is not a managed field,
+// and the API server sets its own on create, so the object created is the
+// same as a plain apply's.
+const createOnlyVersion = "18446744073709551615"
+
+// cachedChild reads a child from the cache; nil means the cache holds none.
+func (r *Reconciler) cachedChild(ctx context.Context, obj client.Object) (client.Object, error) {
+	return r.readChildFrom(ctx, r.client, obj)
+}
+
+// liveChild reads a child from the API server: the cache holds only
+// objects with the operator's managed-by label, so one of the same name
+// that someone else created is seen only there. nil means there is none.
+func (r *Reconciler) liveChild(ctx context.Context, obj client.Object) (client.Object, error) {
+	return r.readChildFrom(ctx, r.live, obj)
+}
+
+func (r *Reconciler) readChildFrom(ctx context.Context, from client.Reader, obj client.Object) (client.Object, error) {
 	gvk := obj.GetObjectKind().GroupVersionKind()
 	existing := obj.DeepCopyObject().(client.Object)
-	err := r.client.Get(ctx, client.ObjectKeyFromObject(obj), existing)
-	if apierrors.IsNotFound(err) {
-		err = r.live.Get(ctx, client.ObjectKeyFromObject(obj), existing)
-	}
+	err := from.Get(ctx, client.ObjectKeyFromObject(obj), existing)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil

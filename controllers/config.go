@@ -43,6 +43,18 @@ type renderedConfig struct {
 	specs.RuntimeConfig
 }
 
+// RuntimeConfigFor renders the runtime config the manager hands the child
+// renderers (internal/specs) for idc, as its first pass does (the inbox
+// epoch its status names, none for a new resource). The controller
+// benchmark's floor renders the children the manager would apply with it.
+func RuntimeConfigFor(idc *messagingv1alpha1.IdempotentConsumer) (*specs.RuntimeConfig, error) {
+	rc, err := renderConfig(idc)
+	if err != nil {
+		return nil, err
+	}
+	return &rc.RuntimeConfig, nil
+}
+
 // renderConfig turns the spec into the runtime config. It is pure: the same
 // resource always renders the same bytes, so the hash only moves on a change.
 func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, error) {

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -82,6 +83,22 @@ var _ = Describe("the reconcile flow", func() {
 		Eventually(func() bool { return sinkClient.Pools().Holds(owner) }, timeout, interval).Should(BeFalse())
 	})
 
+	It("creates the children with create-only applies: each is the controller's server-side apply alone", func() {
+		create(newConsumer(name, stream, secret))
+		Eventually(func() error { _, err := childManagers(&corev1.ConfigMap{}, name+"-runtime"); return err }, timeout, interval).Should(Succeed())
+		Eventually(func() error { _, err := childManagers(&batchv1.CronJob{}, name+"-prune"); return err }, timeout, interval).Should(Succeed())
+		for _, c := range []struct {
+			obj  client.Object
+			name string
+		}{{&corev1.ConfigMap{}, name + "-runtime"}, {&appsv1.Deployment{}, name}, {&batchv1.CronJob{}, name + "-prune"}} {
+			managers, err := childManagers(c.obj, c.name)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(managers).To(Equal([]string{string(fieldOwner) + "/Apply"}), "%T %s: the managed fields a plain apply leaves", c.obj, c.name)
+			Expect(c.obj.GetResourceVersion()).NotTo(Equal(createOnlyVersion))
+			Expect(metav1.IsControlledBy(c.obj, get(name))).To(BeTrue())
+		}
+	})
+
 	It("stops the pass on a child conflict: no redrive Job is created", func() {
 		squatter := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-runtime", Namespace: "default"}, Data: map[string]string{"mine": "yes"}}
 		Expect(k8sClient.Create(ctx, squatter)).To(Succeed())
@@ -101,3 +118,18 @@ var _ = Describe("the reconcile flow", func() {
 		Expect(cm.Data).To(Equal(map[string]string{"mine": "yes"}), "another owner's ConfigMap is never overwritten")
 	})
 })
+
+// childManagers reads a child into obj and lists its managed fields'
+// managers as "manager/operation" (the status subresource's left out).
+func childManagers(obj client.Object, name string) ([]string, error) {
+	if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, obj); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range obj.GetManagedFields() {
+		if m.Subresource == "" {
+			out = append(out, m.Manager+"/"+string(m.Operation))
+		}
+	}
+	return out, nil
+}

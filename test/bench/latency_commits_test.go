@@ -20,16 +20,16 @@ type commitListener struct {
 	err    error
 }
 
-// listenCommits adds the notifying trigger to the schema's inbox and
-// starts listening.
-func (t *throughputEnv) listenCommits(b *testing.B, schema string) *commitListener {
+// listenCommits adds the notifying trigger to table (the schema's inbox,
+// or the floor consumer's table) and starts listening.
+func (t *throughputEnv) listenCommits(b *testing.B, schema, table string) *commitListener {
 	b.Helper()
 	ctx := context.Background()
 	channel := "idc_lat_" + schema
 	for _, q := range []string{
 		`CREATE FUNCTION ` + schema + `.notify_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN PERFORM pg_notify('` + channel + `', (txid_current() % 4294967296)::text); RETURN NULL; END $$`,
-		`CREATE TRIGGER notify_commit AFTER INSERT ON ` + schema + `.inbox FOR EACH STATEMENT EXECUTE FUNCTION ` + schema + `.notify_commit()`,
+		`CREATE TRIGGER notify_commit AFTER INSERT ON ` + table + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + schema + `.notify_commit()`,
 	} {
 		if _, err := t.pool.Exec(ctx, q); err != nil {
 			b.Fatalf("running %q: %v", q, err)

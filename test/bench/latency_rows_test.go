@@ -27,6 +27,14 @@ func (t *throughputEnv) latencyJetStream(b *testing.B, replicas, batch int, batc
 
 func (t *throughputEnv) latencyJetStreamNamed(b *testing.B, name string, replicas, batch int, batching config.Batching, rate, load float64) latencyRow {
 	b.Helper()
+	return t.latencyJetStreamBy(b, name, replicas, batch, batching, rate, load, runtimeConsumer)
+}
+
+// latencyJetStreamBy is the JetStream latency row consumed by cons (the
+// runtime, or the floor consumer).
+func (t *throughputEnv) latencyJetStreamBy(b *testing.B, name string, replicas, batch int, batching config.Batching, rate, load float64,
+	cons latencyConsumer) latencyRow {
+	b.Helper()
 	ctx := context.Background()
 	t.runs++
 	stream := fmt.Sprintf("IDC_LAT_%d_%d", time.Now().UnixNano(), t.runs)
@@ -43,12 +51,12 @@ func (t *throughputEnv) latencyJetStreamNamed(b *testing.B, name string, replica
 	}
 	defer nc.Close()
 	subject := stream + ".orders"
-	r := t.latencyRun(b, name, cfg, replicas, rate, load, latencyPublisher{
+	r := t.latencyRunWith(b, name, cfg, replicas, rate, load, latencyPublisher{
 		// Core publishes into the stream's subject: the cheapest producer,
 		// so the producer's own work takes the least from the two cores.
 		send:  func(_ int, body []byte) error { return nc.Publish(subject, body) },
 		flush: func() error { return nil }, // nats.go's flusher writes as soon as it can
-	})
+	}, cons)
 	return r
 }
 
@@ -168,7 +176,10 @@ func (t *throughputEnv) latencyKafka(b *testing.B, rate, load float64) latencyRo
 // 10% and 90% points again with batching Fixed (side by side), and
 // RabbitMQ, Redis Streams and Kafka (kfake) at 50% of their own rows (a
 // zero rate skips the row).
-func (t *throughputEnv) latencyRows(b *testing.B, jetStreamMax, rabbitMax, redisMax, kafkaMax float64) {
+//
+// It returns what the machine sustains end to end: the most a 90% row
+// committed when one fell behind, else jetStreamMax.
+func (t *throughputEnv) latencyRows(b *testing.B, jetStreamMax, rabbitMax, redisMax, kafkaMax float64) float64 {
 	b.Helper()
 	// sustained is the most a 90% row committed; it is what the machine
 	// sustains once one of them fell behind.
@@ -198,8 +209,11 @@ func (t *throughputEnv) latencyRows(b *testing.B, jetStreamMax, rabbitMax, redis
 		r := t.latencyJetStreamNamed(b, "jetstream_upsert_sustained", 2, batchSize, config.BatchingAdaptive, 0.5*sustained, 0.5)
 		r.loadOf = "sustained_max"
 		printLatency(r)
+	} else {
+		sustained = jetStreamMax
 	}
 	t.brokerLatencyRows(b, rabbitMax, redisMax, kafkaMax)
+	return sustained
 }
 
 // brokerLatencyRows prints the RabbitMQ, Redis Streams and Kafka (kfake)

@@ -78,6 +78,8 @@ type latencyRow struct {
 	checkpoints    int // PostgreSQL checkpoints (timed and requested) that began in the window
 	probe          string
 	note           string
+	// floor: the floor consumer's row, not the runtime's.
+	floor bool
 }
 
 func printLatency(r latencyRow) {
@@ -98,8 +100,12 @@ func printLatency(r latencyRow) {
 		c := r.cpu
 		cores := func(d time.Duration) float64 { return d.Seconds() / c.wall.Seconds() }
 		total := c.nats + c.postgres + c.runtime + c.self + c.rabbit + c.redis
-		cpu = fmt.Sprintf(" cores_busy=%.2f idc_runtime_cores=%.2f postgres_cores=%.2f broker_cores=%.2f bench_cores=%.2f",
-			cores(total), cores(c.runtime), cores(c.postgres), cores(c.nats+c.rabbit+c.redis), cores(c.self))
+		consumer := "idc_runtime"
+		if r.floor {
+			consumer = "floor_consumer"
+		}
+		cpu = fmt.Sprintf(" cores_busy=%.2f %s_cores=%.2f postgres_cores=%.2f broker_cores=%.2f bench_cores=%.2f",
+			cores(total), consumer, cores(c.runtime), cores(c.postgres), cores(c.nats+c.rabbit+c.redis), cores(c.self))
 	}
 	if r.txs > 0 {
 		cpu += fmt.Sprintf(" txs=%d msgs_per_tx=%.1f commits_over_256ms=%d pg_checkpoints=%d", r.txs, r.achieved*r.cpu.wall.Seconds()/float64(r.txs), r.slowCommits, r.checkpoints)
@@ -125,6 +131,33 @@ type latencyPublisher struct {
 func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config, replicas int, rate, load float64,
 	pub latencyPublisher) latencyRow {
 	b.Helper()
+	return t.latencyRunWith(b, name, cfg, replicas, rate, load, pub, runtimeConsumer)
+}
+
+// latencyConsumer is what a latency row measures: the idc-runtime
+// replicas (runtimeConsumer) or the floor consumer (floorConsumer).
+type latencyConsumer struct {
+	// start starts the replicas of cfg and returns once the table they
+	// commit into exists.
+	start func(t *throughputEnv, b *testing.B, cfg config.Config, replicas int, env ...string) *replicaSet
+	// table is the table each transaction inserts one row per message
+	// into, idExpr the message's id in it.
+	table, idExpr string
+	floor         bool
+}
+
+var runtimeConsumer = latencyConsumer{
+	start: func(t *throughputEnv, b *testing.B, cfg config.Config, replicas int, env ...string) *replicaSet {
+		rs := t.startReplicas(b, cfg, replicas, env...)
+		t.waitForTable(b, cfg.Sink.Schema+".inbox")
+		return rs
+	},
+	table: "inbox", idExpr: "message_id",
+}
+
+func (t *throughputEnv) latencyRunWith(b *testing.B, name string, cfg config.Config, replicas int, rate, load float64,
+	pub latencyPublisher, cons latencyConsumer) latencyRow {
+	b.Helper()
 	schema := cfg.Sink.Schema
 	ctx := context.Background()
 	var env []string
@@ -133,12 +166,15 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 		env = append(env, "IDC_CPU_PROFILE="+fmt.Sprintf("%s/%s-%s-%s-%.2f-{replica}.pprof", dir, name, schema,
 			strings.ToLower(string(cfg.Delivery.Batching)), load))
 	}
-	rs := t.startReplicas(b, cfg, replicas, env...)
-	t.waitForTable(b, schema+".inbox")
-	listener := t.listenCommits(b, schema)
+	rs := cons.start(t, b, cfg, replicas, env...)
+	table := schema + "." + cons.table
+	listener := t.listenCommits(b, schema, table)
 	rs.waitReady(b)
 	probes := t.startProbes(b)
 	window := latencyWindow()
+	if t.slice > 0 {
+		window = t.slice // an interleaved pair's short slice
+	}
 	total := int(rate * (latencyWarmup + window).Seconds())
 	stamps := make([]time.Time, total)
 	// Paced: every millisecond (or as soon as the last burst went out) the
@@ -178,7 +214,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	deadline := time.Now().Add(rowTimeout)
 	for {
 		var n int
-		if err := t.pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".inbox").Scan(&n); err != nil {
+		if err := t.pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
 			b.Fatal(err)
 		}
 		if n >= total {
@@ -198,7 +234,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 			}
 		}
 	}
-	rows, err := t.pool.Query(ctx, "SELECT message_id, xmin::text::bigint FROM "+schema+".inbox")
+	rows, err := t.pool.Query(ctx, "SELECT "+cons.idExpr+", xmin::text::bigint FROM "+table)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -259,7 +295,7 @@ func (t *throughputEnv) latencyRun(b *testing.B, name string, cfg config.Config,
 	if batching == "" {
 		batching = config.BatchingAdaptive // the runtime's default
 	}
-	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: batching, load: load,
+	return latencyRow{name: name, replicas: replicas, batch: cfg.Delivery.BatchSize, batching: batching, load: load, floor: cons.floor,
 		offered: float64(measured) / w, achieved: float64(inWindow) / w, msgs: len(lat),
 		p50: quantile(lat, 0.50), p99: quantile(lat, 0.99), p999: quantile(lat, 0.999), maxLat: lat[len(lat)-1], cpu: cpu,
 		txs: txEnd - txStart, slowCommits: slow, checkpoints: ckpts, probe: probe}

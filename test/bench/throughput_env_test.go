@@ -38,6 +38,11 @@ type throughputEnv struct {
 	runs int
 	// stream is the published workload's stream (jetStreamStream).
 	stream string
+	// floorBin is the floor consumer, built on first use.
+	floorBin string
+	// slice, when set, is the measured window of a latency row (the
+	// interleaved floor pairs' short slices).
+	slice time.Duration
 }
 
 func newThroughputEnv(b *testing.B, w *workload) *throughputEnv {

@@ -99,20 +99,18 @@ func BenchmarkThroughput(b *testing.B) {
 			printRow(parted[parts])
 			printLocks(parted[parts])
 		}
-		// The two rows of the headline ratio run twice, alternating
-		// (ceiling, runtime, runtime, ceiling), and each keeps its better
-		// run, for the same reason.
+		// The two rows of the headline ratio run interleaved (ceiling,
+		// runtime, ceiling, runtime, ...; IDC_BENCH_PAIRS pairs), and the
+		// ratio is the median of the pairs': the ceiling alone moved by
+		// ±25% between runs minutes apart. Each row printed is its
+		// faster run.
 		// The headline also runs with batching Fixed (an idle fetch waits
-		// for a whole batch: the loop before adaptive batching), in the
-		// same alternation, for the side-by-side row.
-		ceiling := t.dbCeiling(b)
-		headline := t.runJetStream(b, 2, 500)
+		// for a whole batch: the loop before adaptive batching), the
+		// better of two, for the side-by-side row.
+		ceiling, headline, ceilingRatio := t.ceilingPairs(b)
 		fixed := t.runJetStreamWith(b, 2, 500, config.BatchingFixed)
 		fixed = fasterRow(fixed, t.runJetStreamWith(b, 2, 500, config.BatchingFixed))
-		headline = fasterRow(headline, t.runJetStream(b, 2, 500))
-		ceiling = fasterRow(ceiling, t.dbCeiling(b))
 		printRow(ceiling)
-		headline.name = "jetstream_upsert_headline"
 		printRow(headline)
 		fixed.name = "jetstream_upsert_headline_fixed"
 		printRow(fixed)
@@ -135,9 +133,9 @@ func BenchmarkThroughput(b *testing.B) {
 		kafkaRow := t.runKafka(b, 2, 500)
 		printRow(kafkaRow)
 
-		t.latencyRows(b, headline.rate(), rabbit.rate(), redisRow.rate(), kafkaRow.rate())
+		sustained := t.latencyRows(b, headline.rate(), rabbit.rate(), redisRow.rate(), kafkaRow.rate())
+		t.floorPairs(b, headline.rate(), sustained)
 
-		fmt.Printf("RATIO runtime_vs_db_ceiling=%.2f\n", headline.rate()/ceiling.rate())
 		fmt.Printf("RATIO adaptive_vs_fixed_headline=%.2f\n", headline.rate()/fixed.rate())
 		fmt.Printf("RATIO rabbitmq_upsert_vs_alone=%.2f\n", rabbit.rate()/rabbitAlone.rate())
 		fmt.Printf("SCALEOUT batch=500 replicas_1=%.0f replicas_2=%.0f replicas_4=%.0f replicas_8=%.0f (4 and 8 vs 2: %.2f %.2f)\n",
@@ -150,13 +148,17 @@ func BenchmarkThroughput(b *testing.B) {
 			worst = min(worst, matrix[c].rate()/best[c.replicas])
 		}
 		fmt.Printf("MATRIX worst_row_vs_best_at_same_replicas=%.2f\n", worst)
-		b.ReportMetric(headline.rate()/ceiling.rate(), "runtime_vs_db_ceiling")
+		b.ReportMetric(ceilingRatio, "runtime_vs_db_ceiling")
 	}
 }
 
 // rowsEnv selects JetStream rows to run instead of the whole table, in
 // order, as replicasxbatch items (IDC_BENCH_ROWS=2x500,8x500,8x100): a quick
-// way to reproduce one row or compare two side by side.
+// way to reproduce one row or compare two side by side. Named items run a
+// group: latency, latency-rabbitmq, latency-redis, latency-kafka,
+// rabbitmq, fixed; ceiling (the DB ceiling and the headline interleaved),
+// floor (the floor consumer's latency rows alone) and latency-floor (the
+// runtime's latency rows and the floor consumer's, interleaved).
 const rowsEnv = "IDC_BENCH_ROWS"
 
 func (t *throughputEnv) runSelected(b *testing.B, only string) {
@@ -164,6 +166,43 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 	jsAlone := t.jetStreamAlone(b, 2) // publishes the stream
 	printRow(jsAlone)
 	for _, item := range strings.Split(only, ",") {
+		switch strings.TrimSpace(item) {
+		case "ceiling":
+			// The database ceiling and the headline, interleaved, with
+			// RATIO runtime_vs_db_ceiling (the median of the pairs).
+			ceiling, headline, _ := t.ceilingPairs(b)
+			printRow(ceiling)
+			printRow(headline)
+			printCPU(ceiling)
+			printCPU(headline)
+			continue
+		case "floor":
+			// The floor consumer's latency rows alone, at 10% and 50% of
+			// a 2 x 500 row measured here (no runtime row beside them).
+			r := t.runJetStream(b, 2, batchSize)
+			printRow(r)
+			for _, load := range []float64{0.1, 0.5} {
+				fl := t.latencyJetStreamBy(b, "floor_consumer", 2, batchSize, config.BatchingAdaptive, load*r.rate(), load, floorConsumer)
+				fl.note = floorNote
+				printLatency(fl)
+			}
+			continue
+		case "latency-floor":
+			// The runtime's latency rows and the floor consumer's,
+			// interleaved, at 10% of a 2 x 500 row measured here and at
+			// 50% of what a 90% row sustains, with the RATIO lines.
+			r := t.runJetStream(b, 2, batchSize)
+			printRow(r)
+			ninety := t.latencyJetStream(b, 2, batchSize, config.BatchingAdaptive, 0.9*r.rate(), 0.9)
+			printLatency(ninety)
+			sustained := r.rate()
+			if ninety.achieved < 0.95*ninety.offered {
+				sustained = ninety.achieved
+			}
+			fmt.Printf("RATIO latency_sustained_vs_backlog_max=%.2f\n", sustained/r.rate())
+			t.floorPairs(b, r.rate(), sustained)
+			continue
+		}
 		if strings.TrimSpace(item) == "latency" {
 			// The JetStream latency rows, at the shares of a 2 x 500 row
 			// measured here.

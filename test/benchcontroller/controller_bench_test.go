@@ -147,6 +147,11 @@ func BenchmarkController(b *testing.B) {
 	stream, subjectPrefix := newStream(b, streamMaxAge)
 	bin := buildManager(b, dir)
 	cl := startCluster(b, dir)
+	var floor *floorResult
+	if floorWanted() {
+		f := runFloor(b, s, cl, stream, subjectPrefix)
+		floor = &f
+	}
 	var extra []string
 	if s.maxConcurrent != "" {
 		extra = append(extra, "--max-concurrent-reconciles="+s.maxConcurrent)
@@ -243,6 +248,31 @@ func BenchmarkController(b *testing.B) {
 	}
 
 	fmt.Printf("BENCH controller resources=%d seconds_to_ready=%.1f manager_rss_mib=%.0f\n", n, seconds, peak)
+	runCPU := map[string]float64{}
+	for k, v := range cpuAfter {
+		runCPU[k] = v - cpuBefore[k]
+	}
+	requestsAfter, err := requestCounts(ctx, cl.clientset)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runRequests := map[string]float64{}
+	for k, v := range requestsAfter {
+		if d := v - requestsBefore[k]; d > 0 {
+			runRequests[k] = d
+		}
+	}
+	fmt.Printf("BENCH controller_cost resources=%d cpu_s=%.1f manager_cpu_ms_per_resource=%.1f requests_per_resource: %s\n",
+		n, sumCPU(runCPU), 1000*runCPU["manager"]/float64(n), perResourceByVerb(runRequests, n))
+	if floor != nil {
+		fmt.Printf("BENCH controller_floor resources=%d seconds_to_done=%.1f cpu_s=%.1f concurrency=%d requests_per_resource: %s note=%q\n",
+			n, floor.seconds, sumCPU(floor.cpu), s.concurrency(), perResourceByVerb(floor.requests, n),
+			"FLOOR: creates, child applies, Deployment status writes, inbox DDL, one status patch and one event per resource; no reads, no logic; not a product figure")
+		fmt.Printf("RATIO controller_vs_floor=%.2f\n", seconds/floor.seconds)
+		fmt.Printf("RATIO controller_cpu_vs_floor=%.2f\n", sumCPU(runCPU)/sumCPU(floor.cpu))
+		diag("floor CPU per process:%s", cpuDelta(map[string]float64{}, floor.cpu))
+		diag("floor kube-apiserver requests (count verb resource code):%s", requestDelta(map[string]float64{}, floor.requests))
+	}
 	b.ReportMetric(seconds, "s_to_ready")
 	b.ReportMetric(peak, "rss_peak_MiB")
 	b.ReportMetric(current, "rss_MiB")
@@ -287,12 +317,8 @@ func BenchmarkController(b *testing.B) {
 	} else if tables != tablesPerIDC*n {
 		b.Errorf("schema %s holds %d tables, want %d (%d per resource)", inboxSchema, tables, tablesPerIDC*n, tablesPerIDC)
 	}
-	if after, err := requestCounts(ctx, cl.clientset); err != nil {
-		diag("%v", err)
-	} else {
-		diag("kube-apiserver requests during the run (count verb resource code; the benchmark's own: POST idempotentconsumers, PUT deployments/status, LIST/WATCH):%s",
-			requestDelta(requestsBefore, after))
-	}
+	diag("kube-apiserver requests during the run (count verb resource code; the benchmark's own: POST idempotentconsumers, PUT deployments/status, LIST/WATCH):%s",
+		requestDelta(requestsBefore, requestsAfter))
 	if sum, err := mgr.logSummary(); err != nil {
 		diag("reading the manager's log: %v", err)
 	} else {

@@ -1,0 +1,185 @@
+// Command floorconsumer is the data-plane benchmark's floor consumer: the
+// least a consumer of a JetStream stream into PostgreSQL can do per batch,
+// so that the runtime's latency and CPU are measured against what this
+// machine allows. It fetches, inserts the batch's bodies with one
+// multi-row INSERT, commits and acknowledges. It has no inbox, no
+// deduplication, no gate and no extraction: it gives no exactly-once
+// guarantee (a redelivered message is inserted again), and what it
+// measures is never a product figure.
+//
+// Only test/bench runs it (the "floor" rows of make bench). It serves
+// /readyz (after its first fetch) and, on /metrics, the two
+// idc_commit_duration_seconds series the benchmark reads from the runtime
+// (count, sum and the 256 ms bucket), so the benchmark reads both the same
+// way.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func main() {
+	natsURL := flag.String("nats", nats.DefaultURL, "NATS URL")
+	stream := flag.String("stream", "", "stream")
+	durable := flag.String("consumer", "", "durable pull consumer (created by the benchmark)")
+	dsn := flag.String("dsn", "", "PostgreSQL DSN")
+	table := flag.String("table", "", "schema-qualified table with one text column, body")
+	batch := flag.Int("batch", 500, "most messages per fetch and per transaction")
+	maxWait := flag.Duration("max-wait", 100*time.Millisecond, "how long one pull request waits on the server")
+	addr := flag.String("addr", "127.0.0.1:0", "address of /readyz and /metrics")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, *natsURL, *stream, *durable, *dsn, *table, *batch, *maxWait, *addr); err != nil && ctx.Err() == nil {
+		log.Fatal(err)
+	}
+}
+
+// commitStats is what /metrics serves.
+type commitStats struct {
+	count, over256ms atomic.Int64
+	nanos            atomic.Int64
+	ready            atomic.Bool
+}
+
+func (s *commitStats) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/readyz" {
+		if !s.ready.Load() {
+			http.Error(w, "not fetched yet", http.StatusServiceUnavailable)
+		}
+		return
+	}
+	n := s.count.Load()
+	_, _ = fmt.Fprintf(w, "idc_commit_duration_seconds_bucket{le=\"0.256\"} %d\nidc_commit_duration_seconds_sum %g\nidc_commit_duration_seconds_count %d\n",
+		n-s.over256ms.Load(), time.Duration(s.nanos.Load()).Seconds(), n)
+}
+
+// floor is one replica: its pull consumer, its connection and its INSERT.
+type floor struct {
+	cons   jetstream.Consumer
+	db     *pgx.Conn
+	insert string
+	batch  int
+	stats  *commitStats
+	msgs   []jetstream.Msg
+	bodies []string
+}
+
+func run(ctx context.Context, natsURL, stream, durable, dsn, table string, batch int, maxWait time.Duration, addr string) error {
+	stats := &commitStats{}
+	go func() { log.Print(http.ListenAndServe(addr, stats)) }() //nolint:gosec // loopback, benchmark only
+
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.Consumer(ctx, stream, durable)
+	if err != nil {
+		return err
+	}
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Close(context.Background()) }()
+	f := &floor{cons: cons, db: db, insert: "INSERT INTO " + table + " (body) SELECT unnest($1::text[])", batch: batch, stats: stats,
+		msgs: make([]jetstream.Msg, 0, batch), bodies: make([]string, 0, batch)}
+	for ctx.Err() == nil {
+		// One pull request for up to a batch; what it has delivered when
+		// its first message arrived is committed at once, the rest in
+		// the next rounds, and a new request goes out when it ended.
+		req, err := cons.Fetch(batch, jetstream.FetchMaxWait(maxWait))
+		if err != nil {
+			return err
+		}
+		stats.ready.Store(true)
+		if err := f.drain(ctx, req.Messages()); err != nil {
+			return err
+		}
+		if err := req.Error(); err != nil && ctx.Err() == nil {
+			log.Printf("fetch: %v", err)
+		}
+	}
+	return nil
+}
+
+// drain commits and acknowledges what one pull request delivers, in
+// rounds: each round takes what has arrived by the time it starts.
+func (f *floor) drain(ctx context.Context, ch <-chan jetstream.Msg) error {
+	for open := true; open; {
+		m, ok := <-ch
+		if !ok {
+			return nil
+		}
+		f.msgs = append(f.msgs[:0], m)
+		f.msgs, open = take(ch, f.msgs, f.batch)
+		f.bodies = f.bodies[:0]
+		for _, m := range f.msgs {
+			f.bodies = append(f.bodies, string(m.Data()))
+		}
+		if err := commit(ctx, f.db, f.insert, f.bodies, f.stats); err != nil {
+			return err
+		}
+		for _, m := range f.msgs {
+			if err := m.Ack(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// take appends what ch holds now, up to batch; open is false once ch closed.
+func take(ch <-chan jetstream.Msg, msgs []jetstream.Msg, batch int) (_ []jetstream.Msg, open bool) {
+	for len(msgs) < batch {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				return msgs, false
+			}
+			msgs = append(msgs, m)
+		default:
+			return msgs, true
+		}
+	}
+	return msgs, true
+}
+
+func commit(ctx context.Context, db *pgx.Conn, insert string, bodies []string, stats *commitStats) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, insert, bodies); err != nil {
+		_ = tx.Rollback(context.Background())
+		return err
+	}
+	start := time.Now()
+	err = tx.Commit(ctx)
+	took := time.Since(start)
+	stats.count.Add(1)
+	stats.nanos.Add(int64(took))
+	if took > 256*time.Millisecond {
+		stats.over256ms.Add(1)
+	}
+	return err
+}
