@@ -71,9 +71,10 @@ func (s *Server) Started() bool { return s.cmd != nil }
 
 // Main is a TestMain's body: it starts (or connects to) the servers
 // IDC_TEST_NATS picks, def when unset, hands them to set before the tests
-// run, runs them, stops what it started and returns the exit code. A server
-// that cannot be had fails the run: the suites never skip.
-func Main(m *testing.M, def Pick, set func([]*Server)) int {
+// run (an error from set fails the run), runs them, stops what it started
+// and returns the exit code. A server that cannot be had fails the run: the
+// suites never skip.
+func Main(m *testing.M, def Pick, set func([]*Server) error) int {
 	servers, err := Open(def)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natstest:", err)
@@ -86,7 +87,10 @@ func Main(m *testing.M, def Pick, set func([]*Server)) int {
 			}
 		}
 	}()
-	set(servers)
+	if err := set(servers); err != nil {
+		fmt.Fprintln(os.Stderr, "natstest:", err)
+		return 1
+	}
 	return m.Run()
 }
 

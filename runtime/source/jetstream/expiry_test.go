@@ -7,6 +7,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -28,7 +29,11 @@ func (r *silentRequest) Error() error                   { return nil }
 // waiting (here up to an hour; with nats.go, a second) for a request the
 // server no longer holds.
 func TestFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testFetchGivesUpAWaitingRequestPastItsExpiry)
+}
+
+func testFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("expired"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 500, InFlight: 2, Replicas: 1}))
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +61,11 @@ func TestFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T) {
 // AckWait; once nats.go ends the request it is dropped. batching Fixed
 // gives a long poll up the same way.
 func TestLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testLateDeliveryOfAGivenUpRequestIsTaken)
+}
+
+func testLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("late"), testr.New(t),
 		WithDelivery(config.Delivery{BatchSize: 5, InFlight: 2, Replicas: 1, Batching: config.BatchingFixed}))
 	if err != nil {
