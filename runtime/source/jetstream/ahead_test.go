@@ -55,7 +55,7 @@ func testAheadHeldAtMaxAckPendingStrandsNothing(t *testing.T, srv *natstest.Serv
 		t.Fatal("no request was sent ahead")
 	}
 	select {
-	case m, ok := <-s.ahead.Messages():
+	case m, ok := <-s.ahead.batch.Messages():
 		if ok {
 			t.Fatalf("the request held at MaxAckPending delivered %s", m.Subject())
 		}

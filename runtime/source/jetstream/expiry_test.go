@@ -40,7 +40,7 @@ func testFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T, srv *natstest.Se
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	dead := newSilentRequest()
-	s.setAhead(dead, 1000, true, time.Now().Add(-time.Millisecond))
+	s.ahead = newRequest(dead, 1000, reqOpen, time.Now().Add(-time.Millisecond))
 	f.publishN(t, 3)
 	start := time.Now()
 	got := waitFetch(t, fetchAsync(t.Context(), s, 1000, never))
@@ -51,7 +51,7 @@ func testFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T, srv *natstest.Se
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the Fetches took %s: they waited on the expired request", took)
 	}
-	if s.late != dead {
+	if s.late == nil || s.late.batch != dead {
 		t.Errorf("the given-up request is not kept for its late deliveries")
 	}
 }
@@ -89,7 +89,7 @@ func testLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T, srv *natstest.Server
 	}
 	done := make(chan collected, 1)
 	go func() {
-		msgs, err := s.collectAll(t.Context(), dead, 10, start.Add(50*time.Millisecond))
+		msgs, err := s.collectAll(t.Context(), newRequest(dead, 10, reqSent, start.Add(50*time.Millisecond)), 10)
 		done <- collected{msgs, err}
 	}()
 	// fetchGuard turns a hang into a failure: a collectAll that does not
@@ -104,7 +104,7 @@ func testLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T, srv *natstest.Server
 	case <-guard.C:
 		t.Fatalf("collectAll of a silent request has not returned %s after the request's 50 ms expiry: it does not give up an expired request", fetchGuard)
 	}
-	if s.late != dead {
+	if s.late == nil || s.late.batch != dead {
 		t.Fatal("the given-up request is not kept for its late deliveries")
 	}
 	dead.msgs <- lateMsg
