@@ -87,6 +87,13 @@ func Main(m *testing.M, def Pick, set func([]*Server) error) int {
 			}
 		}
 	}()
+	for _, s := range servers {
+		how := "the machine's"
+		if s.Started() {
+			how = "started for this run"
+		}
+		fmt.Fprintf(os.Stderr, "natstest: nats-server %s at %s (%s)\n", s.Version, s.URL, how)
+	}
 	if err := set(servers); err != nil {
 		fmt.Fprintln(os.Stderr, "natstest:", err)
 		return 1
