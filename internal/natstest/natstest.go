@@ -58,9 +58,12 @@ type Server struct {
 	// Version is what the server says it is (its INFO), e.g. "2.15.3".
 	Version string
 	// cmd is the process this package started (nil for the machine's).
-	cmd  *exec.Cmd
-	dir  string
-	exit chan error
+	cmd *exec.Cmd
+	dir string
+	// exited is closed once the started process is gone; waitErr is then
+	// how it ended.
+	exited  chan struct{}
+	waitErr error
 }
 
 // Name is "nats-" and the version: the name of a subtest per server.
@@ -226,8 +229,8 @@ func start(bin, dir string) (*Server, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
-	s := &Server{cmd: cmd, dir: dir, exit: make(chan error, 1)}
-	go func() { s.exit <- cmd.Wait() }()
+	s := &Server{cmd: cmd, dir: dir, exited: make(chan struct{})}
+	go func() { s.waitErr = cmd.Wait(); close(s.exited) }()
 	url, err := s.waitReady(ports)
 	if err != nil {
 		_ = s.Stop()
@@ -244,9 +247,8 @@ func (s *Server) waitReady(portsDir string) (string, error) {
 	var last error
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-s.exit:
-			s.exit <- err
-			return "", fmt.Errorf("it exited: %v", err)
+		case <-s.exited:
+			return "", fmt.Errorf("it exited: %w", s.waitErr)
 		case <-time.After(20 * time.Millisecond):
 		}
 		url, err := readPorts(portsDir)
@@ -262,7 +264,7 @@ func (s *Server) waitReady(portsDir string) (string, error) {
 		s.Version = v
 		return url, nil
 	}
-	return "", fmt.Errorf("not ready within %s: %v", startTimeout, last)
+	return "", fmt.Errorf("not ready within %s: %w", startTimeout, last)
 }
 
 // readPorts reads the client URL from the server's ports file.
@@ -316,11 +318,11 @@ func (s *Server) Stop() error {
 	defer func() { _ = os.RemoveAll(s.dir) }()
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-s.exit:
+	case <-s.exited: // its exit status after SIGTERM says nothing
 		return nil
 	case <-time.After(stopTimeout):
 		_ = s.cmd.Process.Kill()
-		<-s.exit
+		<-s.exited
 		return fmt.Errorf("nats-server (pid %d) did not stop within %s of SIGTERM; killed", s.cmd.Process.Pid, stopTimeout)
 	}
 }

@@ -430,7 +430,9 @@ func testCloseLeavesNoGoroutine(t *testing.T, srv *natstest.Server) {
 
 // The adapter picks its timing by the server it is connected to: on 2.10
 // and later no waiting request is ever given up.
-func TestTimingFollowsTheConnectedServer(t *testing.T) { onServers(t, testTimingFollowsTheConnectedServer) }
+func TestTimingFollowsTheConnectedServer(t *testing.T) {
+	onServers(t, testTimingFollowsTheConnectedServer)
+}
 
 func testTimingFollowsTheConnectedServer(t *testing.T, srv *natstest.Server) {
 	f := newFixture(t, srv)
