@@ -92,9 +92,12 @@ promtool: ## Install promtool (Debian package prometheus) for the alert tests, w
 	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; }
 
 .PHONY: test
-test: helm promtool crd-ref-docs ## Run every test: unit, envtest, real services, short chaos, then the e2e suite on a real node.
+test: helm promtool crd-ref-docs nats ## Run every test: unit, envtest, real services, short chaos (on nats-server 2.15.3 and on the machine's 2.9.10), then the e2e suite on a real node.
 	@hack/services.sh check
 	KUBEBUILDER_ASSETS="$$(hack/build-envtest.sh)" IDC_HELM=$(HELM) go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) $$(go list ./... | grep -v /test/e2e)
+	@# The chaos short form again on the oldest supported server (the JetStream
+	@# conformance suite runs on both within the line above).
+	IDC_TEST_NATS=system go test -timeout $(TEST_TIMEOUT) -count=1 $(GO_TEST_FLAGS) -run '^TestChaos$$' ./test/chaos/
 	@# The real node: started for the e2e suite unless it already runs, and
 	@# stopped again (and proven clean) if this target started it.
 	@if hack/node.sh running; then \
@@ -286,6 +289,10 @@ $(HELM):
 	  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$$major -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$$minor \
 	  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$$major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$$minor" \
 	  helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+.PHONY: nats
+nats: ## Build nats-server v2.15.3 from the Go module proxy into bin/nats/ (the test suites start it themselves; cached).
+	@hack/build-nats.sh >/dev/null
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT)

@@ -51,7 +51,9 @@
 // at the failpoint, >= 5 cuts) in `go test ./...`; IDC_CHAOS=long runs the
 // long form (100,000 messages, >= 30 kills of which >= 5 at the failpoint,
 // >= 5 cuts; `make test-chaos`). PostgreSQL (127.0.0.1:5432, or
-// IDC_TEST_PG_DSN) and NATS JetStream (127.0.0.1:4222) must be up: the suite
+// IDC_TEST_PG_DSN) must be up; NATS JetStream is the nats-server 2.15.3 the
+// suite starts itself (internal/natstest; IDC_TEST_NATS=system: the machine's
+// 2.9.10 on 127.0.0.1:4222, which `make test` runs too, and then it must be up): the suite
 // fails, never skips, when either is down. IDC_CHAOS_RUNTIME_BIN runs a
 // prebuilt idc-runtime instead of building one, e.g. a deliberately broken
 // build to see the checker catch it.

@@ -14,8 +14,12 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 )
 
+// natsURL is the NATS JetStream server of the run (TestMain): the built
+// nats-server 2.15.3 the suite starts itself, or with IDC_TEST_NATS=system
+// the machine's (Debian's 2.9.10 on 127.0.0.1:4222).
+var natsURL string
+
 const (
-	natsURL = "nats://127.0.0.1:4222"
 	// runtimeAppName is the application_name the runtime sets on its
 	// connections when the DSN names none: how the driver finds them.
 	runtimeAppName = "idc-runtime"

@@ -19,8 +19,12 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
+// natsURL is the NATS JetStream server of the run (TestMain): the built
+// nats-server 2.15.3 the suite starts itself, or with IDC_TEST_NATS=system
+// the machine's (Debian's 2.9.10 on 127.0.0.1:4222).
+var natsURL string
+
 const (
-	natsURL   = "nats://127.0.0.1:4222"
 	redisAddr = "127.0.0.1:6379"
 	amqpURI   = "amqp://guest:guest@127.0.0.1:5672/"
 	// amqpURIEnv is the variable the RabbitMQ config names; the adapter

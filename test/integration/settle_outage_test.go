@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -106,7 +107,7 @@ func acksLostOnAHalfOpenConnection(t *testing.T, bin string) {
 	var runs []settleRun
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		js := newJetStream(t, 2*time.Second)
-		jsHole := newBlackhole(t, "127.0.0.1:4222")
+		jsHole := newBlackhole(t, strings.TrimPrefix(natsURL, "nats://"))
 		jsSrc := js.sourceConfig()
 		jsSrc.NATSJetStream.URL = "nats://" + jsHole.addr()
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -66,7 +67,11 @@ func waitFetch(t *testing.T, ch <-chan fetched) []source.Message {
 // 1,000 waits (maxWait an hour) come back at once, with the first or with
 // the next Fetch, which does not wait either.
 func TestAdaptiveFetchReturnsWhatArrivedWithoutWaitingForABatch(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testAdaptiveFetchReturnsWhatArrivedWithoutWaitingForABatch)
+}
+
+func testAdaptiveFetchReturnsWhatArrivedWithoutWaitingForABatch(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("adaptive-idle"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 500, InFlight: 2, Replicas: 1}))
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +96,11 @@ func TestAdaptiveFetchReturnsWhatArrivedWithoutWaitingForABatch(t *testing.T) {
 // returns a whole batch (and the last one the rest), never a part of what
 // is there.
 func TestAdaptiveFetchFillsTheBatchUnderBacklog(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testAdaptiveFetchFillsTheBatchUnderBacklog)
+}
+
+func testAdaptiveFetchFillsTheBatchUnderBacklog(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	f.publishN(t, 2500)
 	s, err := New(t.Context(), f.cfg("adaptive-backlog"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 500, InFlight: 2, Replicas: 1}))
 	if err != nil {
@@ -112,7 +121,11 @@ func TestAdaptiveFetchFillsTheBatchUnderBacklog(t *testing.T) {
 // After an idle wait the open request keeps delivering: a backlog that
 // builds up behind it is taken in whole batches again once it ends.
 func TestAdaptiveFetchFillsAgainAfterAnIdleWait(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testAdaptiveFetchFillsAgainAfterAnIdleWait)
+}
+
+func testAdaptiveFetchFillsAgainAfterAnIdleWait(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("adaptive-mixed"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 100, InFlight: 1, Replicas: 1}))
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -22,7 +23,11 @@ import (
 // after AckWait, 30 s): once acks free room, the next Fetch gets the very
 // next messages at once.
 func TestAheadHeldAtMaxAckPendingStrandsNothing(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testAheadHeldAtMaxAckPendingStrandsNothing)
+}
+
+func testAheadHeldAtMaxAckPendingStrandsNothing(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	f.publishN(t, 60)
 	if _, err := f.js.CreateConsumer(t.Context(), f.stream, jetstream.ConsumerConfig{
 		Durable: "tight", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 20,
@@ -50,7 +55,7 @@ func TestAheadHeldAtMaxAckPendingStrandsNothing(t *testing.T) {
 		t.Fatal("no request was sent ahead")
 	}
 	select {
-	case m, ok := <-s.ahead.Messages():
+	case m, ok := <-s.ahead.batch.Messages():
 		if ok {
 			t.Fatalf("the request held at MaxAckPending delivered %s", m.Subject())
 		}
@@ -151,9 +156,13 @@ func (p *cutProxy) setCut(cut bool) {
 // idc_ack_errors_total), and sent once the connection is back: the
 // consumer then has nothing pending.
 func TestAckWhileDisconnectedIsReportedAndSentOnReconnect(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testAckWhileDisconnectedIsReportedAndSentOnReconnect)
+}
+
+func testAckWhileDisconnectedIsReportedAndSentOnReconnect(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	f.publishN(t, 10)
-	p := newCutProxy(t, strings.TrimPrefix(natsURL, "nats://"))
+	p := newCutProxy(t, strings.TrimPrefix(f.url, "nats://"))
 	cfg := f.cfg("cut")
 	cfg.URL = "nats://" + p.ln.Addr().String()
 	s, err := New(t.Context(), cfg, testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}), WithReconnectWait(100*time.Millisecond))
@@ -198,7 +207,11 @@ func TestAckWhileDisconnectedIsReportedAndSentOnReconnect(t *testing.T) {
 // A Fetch asking for fewer messages than the batch requested ahead returns
 // at most what it asked for; the batch ahead is given back, not lost.
 func TestFetchSmallerThanTheBatchAheadKeepsItsLimit(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testFetchSmallerThanTheBatchAheadKeepsItsLimit)
+}
+
+func testFetchSmallerThanTheBatchAheadKeepsItsLimit(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	f.publishN(t, 30)
 	s, err := New(t.Context(), f.cfg("smaller"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}))
 	if err != nil {
@@ -253,7 +266,11 @@ func TestFetchSmallerThanTheBatchAheadKeepsItsLimit(t *testing.T) {
 // is delivered (pending acknowledgement) before the caller fetches again, and
 // the next Fetch returns it. Every message comes once, in stream order.
 func TestFetchRequestsTheNextBatchAhead(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testFetchRequestsTheNextBatchAhead)
+}
+
+func testFetchRequestsTheNextBatchAhead(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	f.publishN(t, 25)
 	s, err := New(t.Context(), f.cfg("ahead"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}))
 	if err != nil {
@@ -306,8 +323,10 @@ func TestFetchRequestsTheNextBatchAhead(t *testing.T) {
 
 // Close gives back the batch requested ahead: another replica gets it at
 // once, not after the consumer's AckWait (30 s).
-func TestCloseGivesBackTheBatchAhead(t *testing.T) {
-	f := newFixture(t)
+func TestCloseGivesBackTheBatchAhead(t *testing.T) { onServers(t, testCloseGivesBackTheBatchAhead) }
+
+func testCloseGivesBackTheBatchAhead(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	f.publishN(t, 20)
 	d := config.Delivery{BatchSize: 10, InFlight: 1, Replicas: 1}
 	a, err := New(t.Context(), f.cfg("handoff"), testr.New(t), WithDelivery(d))

@@ -20,106 +20,102 @@ const (
 	firstCancelled                  // ctx ended
 )
 
-// first waits for batch's first message, at most until wait fires or the
+// first waits for r's first message, at most until wait fires or the
 // request is past its expiry (expired).
-func (s *Source) first(ctx context.Context, batch jetstream.MessageBatch, wait, expired <-chan time.Time) (jetstream.Msg, bool, firstWait) {
+func (s *Source) first(ctx context.Context, r *pullRequest, wait, expired <-chan time.Time) (jetstream.Msg, bool, firstWait) {
 	select {
 	case <-ctx.Done():
 		return nil, false, firstCancelled
 	case <-wait:
 		return nil, false, firstTimedOut
-	case m, ok := <-batch.Messages():
+	case m, ok := <-r.batch.Messages():
 		return m, ok, firstArrived
 	case <-expired:
-		if m, ok := ready(batch); m != nil || !ok {
+		if m, ok := ready(r.batch); m != nil || !ok {
 			return m, ok, firstArrived
 		}
-		s.retire(batch)
+		s.retire(r)
 		return nil, false, firstExpired
 	}
 }
 
-// ready is batch's next message if one has arrived: (nil, true) when none
-// has, ok false when the batch ended.
-func ready(batch jetstream.MessageBatch) (jetstream.Msg, bool) {
-	select {
-	case m, ok := <-batch.Messages():
-		return m, ok
-	default:
-		return nil, true
-	}
-}
-
-// fillGap bounds the wait for the next message of a burst the server said
-// is pending (a backlog): a batch fills from it, but a message another
-// replica's request took is not waited for longer than this.
-const fillGap = 20 * time.Millisecond
-
-// take waits (until wait fires) for batch's first message, then takes the
-// messages batch has delivered, up to maxN, and, while the last one says
-// more are pending on the server, waits up to fillGap for each next one.
-// ended says the request is complete (every message it will deliver was
-// taken); timedOut that wait fired before any message.
-func (s *Source) take(ctx context.Context, maxN int, wait <-chan time.Time, fillFor time.Duration) (msgs []source.Message, ended, timedOut bool, err error) {
-	batch := s.ahead
-	var f filling
+// take waits (until wait fires) for r's first message, then takes the
+// messages r has delivered, up to maxN, and, while the last one says more
+// are pending on the server, waits up to FillGap for each next one. It
+// leaves r ended (complete, its batch over, an error), late (given up past
+// its expiry) or open (it has more to give); timedOut says wait fired
+// before any message.
+func (s *Source) take(ctx context.Context, r *pullRequest, maxN int, wait <-chan time.Time, fillFor time.Duration) (msgs []source.Message, timedOut bool, err error) {
+	f := filling{gapFor: s.timing.FillGap}
 	defer f.stop()
-	expired, stopExpiry := s.expiry()
+	expired, stopExpiry := r.expiry()
 	defer stopExpiry()
 	for len(msgs) < maxN {
-		if s.aheadTaken >= s.aheadN {
+		if r.complete() {
 			// Every message the request asked for was taken: it is
 			// complete (nats.go closes it right after the last).
-			return msgs, true, false, nil
+			s.end(r)
+			return msgs, false, nil
 		}
 		var m jetstream.Msg
 		var ok bool
 		if len(msgs) == 0 {
 			var w firstWait
-			switch m, ok, w = s.first(ctx, batch, wait, expired); w {
+			switch m, ok, w = s.first(ctx, r, wait, expired); w {
 			case firstCancelled:
 				// Whatever was delivered is redelivered after AckWait.
-				return nil, true, false, ctx.Err()
+				s.end(r)
+				return nil, false, ctx.Err()
 			case firstTimedOut:
-				return nil, false, true, nil // the request stays open for the next Fetch
+				s.keepOpen(r) // the next Fetch waits on it again
+				return nil, true, nil
 			case firstExpired:
-				return nil, true, false, nil // given up: the next Fetch sends another
+				return nil, false, nil // late: the next Fetch sends another
 			case firstArrived:
 			}
 		} else {
 			var stop bool
-			if m, ok, stop = f.next(batch, len(msgs)); stop {
-				return msgs, false, false, nil
+			if m, ok, stop = f.next(r.batch, len(msgs)); stop {
+				s.keepOpen(r)
+				return msgs, false, nil
 			}
 		}
 		if !ok {
-			msgs, err := s.finish(msgs, batch.Error())
-			return msgs, true, false, err
+			s.end(r)
+			msgs, err := s.finish(msgs, r.batch.Error())
+			return msgs, false, err
 		}
 		msg, md, err := convertMeta(m)
 		if err != nil {
-			return nil, true, false, err
+			s.end(r)
+			return nil, false, err
 		}
 		f.pending = md.NumPending
 		s.lastPending = f.pending
-		s.aheadTaken++
+		r.taken++
 		if len(msgs) == 0 {
 			// The first message says how many were waiting behind it;
 			// they are waited for at most fillFor (maxWait stays the
 			// bound of every wait).
 			f.want = int(min(uint64(maxN), 1+f.pending))
-			f.until = time.Now().Add(max(fillFor, fillGap))
+			f.until = time.Now().Add(max(fillFor, f.gapFor))
 			msgs = make([]source.Message, 0, maxN)
 		}
 		msgs = append(msgs, msg)
 	}
-	return msgs, s.aheadTaken >= s.aheadN, false, nil
+	if r.complete() {
+		s.end(r)
+	} else {
+		s.keepOpen(r)
+	}
+	return msgs, false, nil
 }
 
 // filling is take's state after a batch's first message: the backlog the
 // last message reported, how many messages take wants, and until when it
 // waits for them.
 type filling struct {
+	gapFor  time.Duration // Timing.FillGap
 	pending uint64
 	want    int
 	until   time.Time
@@ -135,8 +131,8 @@ func (f *filling) stop() {
 // next returns the batch's next message (ok false: the batch ended). stop
 // says take returns what it has: nothing has arrived and either the
 // backlog there was when take began is taken, or filling has run past its
-// bound, or no message came within fillGap. Later arrivals are not waited
-// for (a steady stream would otherwise keep one take going until its
+// bound, or no message came within the fill gap. Later arrivals are not
+// waited for (a steady stream would otherwise keep one take going until its
 // batch is full).
 func (f *filling) next(batch jetstream.MessageBatch, have int) (m jetstream.Msg, ok, stop bool) {
 	select {
@@ -148,9 +144,9 @@ func (f *filling) next(batch jetstream.MessageBatch, have int) (m jetstream.Msg,
 		return nil, false, true
 	}
 	if f.gap == nil {
-		f.gap = time.NewTimer(fillGap)
+		f.gap = time.NewTimer(f.gapFor)
 	} else {
-		f.gap.Reset(fillGap)
+		f.gap.Reset(f.gapFor)
 	}
 	select {
 	case m, ok = <-batch.Messages():
@@ -160,82 +156,114 @@ func (f *filling) next(batch jetstream.MessageBatch, have int) (m jetstream.Msg,
 	}
 }
 
-// noWaitStall bounds how long collect waits on a no-wait request that has
-// gone quiet. The server answers one at once unless another replica's
-// waiting request takes the messages it was queued for; then it may stay
-// unanswered, and nats.go ends it only after a second (measured: one-second
-// stalls of the whole loop at 10% load with two replicas). Past this, the
-// request is kept as an open one: the next Fetch takes what it still
-// delivers, so nothing is stranded.
-const noWaitStall = 50 * time.Millisecond
+// stallTimer fires Timing.NoWaitStall after it was (re)started; never when
+// that is zero.
+type stallTimer struct{ t *time.Timer }
 
-// collect takes the messages of the no-wait request ahead until it ends
-// (ended), or until it has been quiet for noWaitStall (then it stays open).
-func (s *Source) collect(ctx context.Context, maxN int) ([]source.Message, bool, error) {
-	batch := s.ahead
+func newStallTimer(d time.Duration) stallTimer {
+	if d <= 0 {
+		return stallTimer{}
+	}
+	return stallTimer{time.NewTimer(d)}
+}
+
+func (q stallTimer) C() <-chan time.Time {
+	if q.t == nil {
+		return nil
+	}
+	return q.t.C
+}
+
+func (q stallTimer) reset(d time.Duration) {
+	if q.t == nil {
+		return
+	}
+	if !q.t.Stop() {
+		select {
+		case <-q.t.C:
+		default:
+		}
+	}
+	q.t.Reset(d)
+}
+
+func (q stallTimer) stop() {
+	if q.t != nil {
+		q.t.Stop()
+	}
+}
+
+// collect takes the messages of the no-wait request r (batching Fixed)
+// until it ends, or until it has been quiet for Timing.NoWaitStall (then
+// it stays open).
+func (s *Source) collect(ctx context.Context, r *pullRequest, maxN int) ([]source.Message, error) {
 	msgs := make([]source.Message, 0, maxN)
-	quiet := time.NewTimer(noWaitStall)
-	defer quiet.Stop()
+	quiet := newStallTimer(s.timing.NoWaitStall)
+	defer quiet.stop()
 	for {
 		select {
 		case <-ctx.Done():
 			// Whatever was delivered is redelivered after AckWait.
-			return nil, true, ctx.Err()
-		case <-quiet.C:
-			s.aheadOpen, s.aheadTaken = true, len(msgs)
-			return msgs, false, nil
-		case m, ok := <-batch.Messages():
+			s.end(r)
+			return nil, ctx.Err()
+		case <-quiet.C():
+			s.keepOpen(r)
+			return msgs, nil
+		case m, ok := <-r.batch.Messages():
 			if !ok {
-				msgs, err := s.finish(msgs, batch.Error())
-				return msgs, true, err
+				s.end(r)
+				return s.finish(msgs, r.batch.Error())
 			}
 			msg, md, err := convertMeta(m)
 			if err != nil {
-				return nil, true, err
+				s.end(r)
+				return nil, err
 			}
 			s.lastPending = md.NumPending
+			r.taken++
 			msgs = append(msgs, msg)
-			if !quiet.Stop() {
-				<-quiet.C
-			}
-			quiet.Reset(noWaitStall)
+			quiet.reset(s.timing.NoWaitStall)
 		}
 	}
 }
 
-// collectAll takes every message of the waiting request batch until it
-// ends, or, past until (its expiry, see expiryGrace), what it has
-// delivered.
-func (s *Source) collectAll(ctx context.Context, batch jetstream.MessageBatch, maxN int, until time.Time) ([]source.Message, error) {
+// collectAll takes every message of the waiting request r until it ends,
+// or, past r.until (its expiry, see Timing.ExpiryGrace), what it has
+// delivered; then r is late.
+func (s *Source) collectAll(ctx context.Context, r *pullRequest, maxN int) ([]source.Message, error) {
 	msgs := make([]source.Message, 0, maxN)
-	expiry := time.NewTimer(time.Until(until))
-	defer expiry.Stop()
+	expiry, stopExpiry := r.expiry()
+	defer stopExpiry()
 	expired := false
 	for {
 		var m jetstream.Msg
 		var ok bool
 		if expired {
-			if m, ok = ready(batch); m == nil && ok {
-				s.retire(batch)
+			if m, ok = ready(r.batch); m == nil && ok {
+				s.retire(r)
 				return msgs, nil
 			}
 		} else {
 			select {
 			case <-ctx.Done():
+				s.end(r)
 				return nil, ctx.Err()
-			case <-expiry.C:
+			case <-expiry:
 				expired = true
 				continue
-			case m, ok = <-batch.Messages():
+			case m, ok = <-r.batch.Messages():
 			}
 		}
 		if !ok {
-			return s.finish(msgs, batch.Error())
+			s.end(r)
+			return s.finish(msgs, r.batch.Error())
 		}
 		msg, err := convert(m)
 		if err != nil {
+			s.end(r)
 			return nil, err
 		}
+		r.taken++
 		msgs = append(msgs, msg)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
@@ -28,14 +29,18 @@ func (r *silentRequest) Error() error                   { return nil }
 // waiting (here up to an hour; with nats.go, a second) for a request the
 // server no longer holds.
 func TestFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testFetchGivesUpAWaitingRequestPastItsExpiry)
+}
+
+func testFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("expired"), testr.New(t), WithDelivery(config.Delivery{BatchSize: 500, InFlight: 2, Replicas: 1}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	dead := newSilentRequest()
-	s.setAhead(dead, 1000, true, time.Now().Add(-time.Millisecond))
+	s.ahead = newRequest(dead, 1000, reqOpen, time.Now().Add(-time.Millisecond))
 	f.publishN(t, 3)
 	start := time.Now()
 	got := waitFetch(t, fetchAsync(t.Context(), s, 1000, never))
@@ -46,7 +51,7 @@ func TestFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the Fetches took %s: they waited on the expired request", took)
 	}
-	if s.late != dead {
+	if s.late == nil || s.late.batch != dead {
 		t.Errorf("the given-up request is not kept for its late deliveries")
 	}
 }
@@ -56,7 +61,11 @@ func TestFetchGivesUpAWaitingRequestPastItsExpiry(t *testing.T) {
 // AckWait; once nats.go ends the request it is dropped. batching Fixed
 // gives a long poll up the same way.
 func TestLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testLateDeliveryOfAGivenUpRequestIsTaken)
+}
+
+func testLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("late"), testr.New(t),
 		WithDelivery(config.Delivery{BatchSize: 5, InFlight: 2, Replicas: 1, Batching: config.BatchingFixed}))
 	if err != nil {
@@ -80,7 +89,7 @@ func TestLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T) {
 	}
 	done := make(chan collected, 1)
 	go func() {
-		msgs, err := s.collectAll(t.Context(), dead, 10, start.Add(50*time.Millisecond))
+		msgs, err := s.collectAll(t.Context(), newRequest(dead, 10, reqSent, start.Add(50*time.Millisecond)), 10)
 		done <- collected{msgs, err}
 	}()
 	// fetchGuard turns a hang into a failure: a collectAll that does not
@@ -95,7 +104,7 @@ func TestLateDeliveryOfAGivenUpRequestIsTaken(t *testing.T) {
 	case <-guard.C:
 		t.Fatalf("collectAll of a silent request has not returned %s after the request's 50 ms expiry: it does not give up an expired request", fetchGuard)
 	}
-	if s.late != dead {
+	if s.late == nil || s.late.batch != dead {
 		t.Fatal("the given-up request is not kept for its late deliveries")
 	}
 	dead.msgs <- lateMsg

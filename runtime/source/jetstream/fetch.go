@@ -20,9 +20,11 @@ import (
 //     request that stays open for the next Fetch if it has more to give;
 //   - batching Fixed (the loop before adaptive batching): for a whole batch.
 //
-// A waiting request is not waited on past its expiry (see expiryGrace):
-// it is given up, and what it still delivers is taken by a later Fetch
-// (checked each time a Fetch starts or its wait ends, not while it waits).
+// On a server that may drop an expired request without a status (before
+// 2.10), a waiting request is not waited on past its expiry (see
+// Timing.ExpiryGrace): it is given up, and what it still delivers is taken
+// by a later Fetch (checked each time a Fetch starts or its wait ends, not
+// while it waits). The pull requests' states and moves: reqState.
 //
 // A Fetch that returns messages sends the pull request of the next Fetch
 // before it returns (one request ahead, no-wait, the same size), so the
@@ -40,7 +42,8 @@ func (s *Source) Fetch(ctx context.Context, maxN int, maxWait time.Duration) ([]
 	if maxN <= 0 {
 		return nil, nil
 	}
-	if s.ahead != nil && s.aheadN > maxN {
+	s.fitTiming()
+	if s.ahead != nil && s.ahead.n > maxN {
 		s.giveBackAhead() // asked for more than this call may return
 	}
 	wait := time.NewTimer(max(maxWait, time.Millisecond))
@@ -79,25 +82,22 @@ func (s *Source) takeAhead(ctx context.Context, maxN int, wait <-chan time.Time,
 		if err != nil {
 			return nil, false, fmt.Errorf("while fetching from JetStream: %w", err)
 		}
-		s.setAhead(batch, maxN, false, time.Time{})
+		s.ahead = newRequest(batch, maxN, reqSent, time.Time{})
 	}
-	var ended bool
-	if s.aheadOpen || !s.fixed {
+	r := s.ahead
+	if r.state == reqOpen || !s.fixed {
 		// Adaptive: what the request has delivered and what the server
 		// says is pending behind it, not what arrives later. (A no-wait
 		// request for which messages were pending when it arrived stays
 		// open on the server and keeps taking new ones until its batch is
 		// full: at 10% load collecting it to its end held a fetch for up
 		// to 0.9 s.)
-		msgs, ended, timedOut, err = s.take(ctx, maxN, wait, maxWait)
-		if !ended {
-			s.aheadOpen = true
-		}
+		msgs, timedOut, err = s.take(ctx, r, maxN, wait, maxWait)
 	} else {
-		msgs, ended, err = s.collect(ctx, maxN)
+		msgs, err = s.collect(ctx, r, maxN)
 	}
-	if err != nil || ended {
-		s.ahead = nil
+	if !r.live() {
+		s.ahead = nil // ended, or given up (late)
 	}
 	if err != nil || len(msgs) == 0 {
 		return nil, timedOut, err
@@ -118,17 +118,21 @@ func (s *Source) takeAhead(ctx context.Context, maxN int, wait <-chan time.Time,
 // maxWait) and done says Fetch returns it; with Adaptive the request
 // becomes the open request ahead and Fetch waits for its first message.
 func (s *Source) longPoll(ctx context.Context, maxN int, maxWait time.Duration) (msgs []source.Message, done bool, err error) {
-	until := time.Now().Add(maxWait + expiryGrace)
+	var until time.Time // zero: the server ends it (a 408 at its expiry)
+	if s.timing.ExpiryGrace > 0 {
+		until = time.Now().Add(maxWait + s.timing.ExpiryGrace)
+	}
 	batch, err := s.consumer.Fetch(maxN, jetstream.FetchMaxWait(maxWait))
 	if err != nil {
 		return nil, true, fmt.Errorf("while fetching from JetStream: %w", err)
 	}
 	if !s.fixed {
-		s.setAhead(batch, maxN, true, until)
+		s.ahead = newRequest(batch, maxN, reqOpen, until)
 		return nil, false, nil
 	}
-	s.setAhead(batch, maxN, false, until)
-	msgs, err = s.collectAll(ctx, batch, maxN, until)
+	r := newRequest(batch, maxN, reqSent, until)
+	s.ahead = r
+	msgs, err = s.collectAll(ctx, r, maxN)
 	s.ahead = nil
 	if err == nil && len(msgs) > 0 {
 		s.requestAhead(maxN)
@@ -147,22 +151,32 @@ func (s *Source) topUp(ctx context.Context, msgs []source.Message, maxN int) ([]
 	if err != nil {
 		return msgs, nil // the next Fetch sends its own request and reports it
 	}
-	s.setAhead(batch, maxN-len(msgs), false, time.Time{})
-	quiet := time.NewTimer(noWaitStall)
-	defer quiet.Stop()
-	more, ended, _, err := s.take(ctx, maxN-len(msgs), quiet.C, noWaitStall)
-	if !ended {
-		s.aheadOpen = true // the next Fetch takes what it still delivers
+	r := newRequest(batch, maxN-len(msgs), reqSent, time.Time{})
+	s.ahead = r
+	quiet := newStallTimer(s.timing.NoWaitStall)
+	defer quiet.stop()
+	more, _, err := s.take(ctx, r, maxN-len(msgs), quiet.C(), s.timing.NoWaitStall)
+	if !r.live() {
+		s.ahead = nil
 	}
 	if err != nil {
 		// The part batch in hand is good; what the top-up delivered is
 		// redelivered after AckWait.
-		s.ahead = nil
 		s.log.Error(err, "JetStream top-up request failed after a part batch", "messages", len(msgs))
 		return msgs, nil
 	}
-	if ended {
-		s.ahead = nil
-	}
 	return append(msgs, more...), nil
+}
+
+// fitTiming follows the server the connection is on: after a reconnect to
+// a server of another version the defaults are that server's (unless
+// WithTiming set them).
+func (s *Source) fitTiming() {
+	if s.nc == nil || s.timingSet {
+		return
+	}
+	if v := s.nc.ConnectedServerVersion(); v != "" && v != s.timedFor {
+		s.timedFor, s.timing = v, DefaultTiming(v)
+		s.log.Info("NATS server version sets the pull timing", "serverVersion", v, "timing", s.timing.String())
+	}
 }

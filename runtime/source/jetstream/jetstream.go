@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,25 +28,28 @@ type Source struct {
 	nc       *nats.Conn
 	consumer jetstream.Consumer
 	// ahead is the pull request sent for the next Fetch (nil when none is
-	// out) and aheadN its size. Fetch (one goroutine at a time) and Close
-	// (after the last Fetch returned) touch them.
-	ahead  jetstream.MessageBatch
-	aheadN int
-	// aheadOpen says the request ahead is a waiting one (sent while idle,
-	// batching Adaptive): it stays open after some of its messages were
-	// taken, so a Fetch takes what it delivered so far instead of waiting
-	// for it to complete.
-	aheadOpen bool
-	// aheadTaken is how many messages of the open request were taken.
-	aheadTaken int
-	// aheadUntil is, for a waiting request (a long poll), a time by which
-	// the server has expired it for sure; past it the request is given up
-	// (see expiryGrace). Zero for a no-wait request, which does not expire.
-	aheadUntil time.Time
-	// late is a waiting request given up past its expiry that may still
-	// deliver (it was late, not dropped): the next Fetch takes what it
-	// delivered. nil when none; it is dropped once nats.go ends it.
-	late jetstream.MessageBatch
+	// out): sent or open (reqState). late is a waiting request given up
+	// past its expiry that may still deliver: the next Fetch takes what it
+	// delivered (nil when none; dropped once nats.go ends it). Fetch (one
+	// goroutine at a time) and Close (after the last Fetch returned) touch
+	// them.
+	ahead, late *pullRequest
+	// retired are late requests replaced by a newer one, each with a drain
+	// giving back what it delivers; closing stops the drains, and Close
+	// waits for them (drains).
+	retiredMu sync.Mutex
+	retired   []*pullRequest
+	drains    sync.WaitGroup
+	closing   chan struct{}
+	closeOnce sync.Once
+	// invalidMoves counts transitions the state machine does not allow
+	// (a bug; the tests require none).
+	invalidMoves atomic.Int64
+	// timing is the pull timing for the server of timedFor (its version),
+	// or what WithTiming set (timingSet).
+	timing    Timing
+	timedFor  string
+	timingSet bool
 	// lastPending is what the last message collect took reported pending
 	// on the server after it: 0 means the request got everything there
 	// was, more means it was cut short (MaxAckPending), and then a top-up
@@ -81,6 +85,14 @@ type options struct {
 	sizedAckPending, minAckPending int
 	batchSize                      int
 	fixed                          bool
+	// timing, when set, replaces the server's default pull timing.
+	timing *Timing
+}
+
+// WithTiming replaces the pull timing the adapter picks for the server it
+// connects to (DefaultTiming); for tests and measurements.
+func WithTiming(t Timing) Option {
+	return func(o *options) { o.timing = &t }
 }
 
 // WithDelivery sizes a consumer the runtime creates (and grows one it
@@ -134,11 +146,23 @@ func New(ctx context.Context, cfg *config.JetStream, logger logr.Logger, opts ..
 		nc.Close()
 		return nil, err
 	}
-	src := &Source{log: log, nc: nc, consumer: consumer, fixed: o.fixed, confirmedGen: nc.Stats().Reconnects}
+	src := newSource(log, consumer, o)
+	src.nc, src.confirmedGen = nc, nc.Stats().Reconnects
 	if info := consumer.CachedInfo(); info != nil {
 		src.created = info.Created
 	}
+	src.fitTiming()
 	return src, nil
+}
+
+// newSource is a Source on consumer, without a connection until New sets
+// one (the state machine's tests run it on a fake consumer).
+func newSource(log logr.Logger, consumer jetstream.Consumer, o options) *Source {
+	s := &Source{log: log, consumer: consumer, fixed: o.fixed, closing: make(chan struct{}), timing: DefaultTiming("")}
+	if o.timing != nil {
+		s.timing, s.timingSet = *o.timing, true
+	}
+	return s
 }
 
 func connectOptions(cfg *config.JetStream, log logr.Logger, o options) ([]nats.Option, error) {
@@ -189,14 +213,19 @@ func (s *Source) Ack(_ context.Context, msgs []source.Message) error {
 	return errors.Join(errs...)
 }
 
-// Close gives back the batch requested ahead, flushes and closes the
-// connection. Other unacknowledged messages (fetched, not committed) are
-// redelivered by the server after the consumer's AckWait. A failed flush is
-// returned: acknowledgements may have been lost with it, so the stop is not
-// graceful.
+// Close gives back the batch requested ahead and what the requests given
+// up delivered, waits for every drain it started (no goroutine of the
+// adapter outlives it), flushes and closes the connection. Other
+// unacknowledged messages (fetched, not committed) are redelivered by the
+// server after the consumer's AckWait. A failed flush is returned:
+// acknowledgements may have been lost with it, so the stop is not graceful.
 func (s *Source) Close() error {
 	s.giveBackLate()
 	s.giveBackAhead()
+	s.stopDrains()
+	if s.nc == nil {
+		return nil
+	}
 	err := s.nc.FlushTimeout(flushTimeout)
 	s.nc.Close()
 	if err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -10,27 +11,45 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	"github.com/idempotency-dev/idc-operator/runtime/source/sourcetest"
 )
 
-// natsURL is the NATS server with JetStream the machine runs on loopback.
-// The tests fail (they do not skip) when it is down.
-const natsURL = "nats://127.0.0.1:4222"
+// servers are the NATS servers every test here runs on, one subtest each
+// (TestMain): the current nats-server, which the package starts itself, and
+// the machine's Debian 2.9.10 on 127.0.0.1:4222, the oldest supported
+// (IDC_TEST_NATS picks one of them). The tests fail (they do not skip) when
+// one is down.
+var servers []*natstest.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(natstest.Main(m, natstest.Both, func(s []*natstest.Server) error {
+		servers = s
+		return nil
+	}))
+}
+
+// onServers runs fn once per server, as subtests named by its version.
+func onServers(t *testing.T, fn func(t *testing.T, srv *natstest.Server)) {
+	natstest.Each(t, servers, fn)
+}
 
 type fixture struct {
+	url     string
 	js      jetstream.JetStream
 	stream  string
 	subject string
 }
 
-// newFixture creates a stream private to the test and deletes it afterwards.
-func newFixture(t *testing.T) *fixture {
+// newFixture creates a stream private to the test on srv and deletes it
+// afterwards.
+func newFixture(t *testing.T, srv *natstest.Server) *fixture {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
+	nc, err := nats.Connect(srv.URL)
 	if err != nil {
-		t.Fatalf("NATS at %s is required for this test: %v", natsURL, err)
+		t.Fatalf("NATS %s at %s is required for this test: %v", srv.Version, srv.URL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -38,7 +57,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	id := time.Now().UnixNano()
-	f := &fixture{js: js, stream: fmt.Sprintf("IDC_TEST_%d", id), subject: fmt.Sprintf("idc.test.%d", id)}
+	f := &fixture{url: srv.URL, js: js, stream: fmt.Sprintf("IDC_TEST_%d", id), subject: fmt.Sprintf("idc.test.%d", id)}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{f.subject + ".>"}}); err != nil {
@@ -69,11 +88,13 @@ func (f *fixture) publish(t *testing.T, msgs []sourcetest.Outgoing) {
 }
 
 func (f *fixture) cfg(consumer string) *config.JetStream {
-	return &config.JetStream{URL: natsURL, Stream: f.stream, Consumer: consumer, FilterSubject: f.subject + ".>"}
+	return &config.JetStream{URL: f.url, Stream: f.stream, Consumer: consumer, FilterSubject: f.subject + ".>"}
 }
 
-func TestConformance(t *testing.T) {
-	f := newFixture(t)
+func TestConformance(t *testing.T) { onServers(t, testConformance) }
+
+func testConformance(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	const ackWait = time.Second
 	// A user-made consumer with a short AckWait: New must bind to it as it
 	// is, and the short AckWait makes redelivery fast.
@@ -106,8 +127,10 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-func TestNewCreatesMissingConsumer(t *testing.T) {
-	f := newFixture(t)
+func TestNewCreatesMissingConsumer(t *testing.T) { onServers(t, testNewCreatesMissingConsumer) }
+
+func testNewCreatesMissingConsumer(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	s, err := New(t.Context(), f.cfg("created"), testr.New(t))
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -142,8 +165,10 @@ func TestNewCreatesMissingConsumer(t *testing.T) {
 	_ = s2.Close()
 }
 
-func TestNewRejectsAckNoneConsumer(t *testing.T) {
-	f := newFixture(t)
+func TestNewRejectsAckNoneConsumer(t *testing.T) { onServers(t, testNewRejectsAckNoneConsumer) }
+
+func testNewRejectsAckNoneConsumer(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if _, err := f.js.CreateConsumer(ctx, f.stream, jetstream.ConsumerConfig{Durable: "noack", AckPolicy: jetstream.AckNonePolicy}); err != nil {
@@ -165,7 +190,7 @@ func TestNewFailsWithoutServer(t *testing.T) {
 
 func TestEmptyCredentialsEnvIsAnError(t *testing.T) {
 	t.Setenv("IDC_TEST_NATS_CREDS", "")
-	cfg := &config.JetStream{URL: natsURL, Stream: "S", Consumer: "c", CredentialsEnv: "IDC_TEST_NATS_CREDS"}
+	cfg := &config.JetStream{URL: servers[0].URL, Stream: "S", Consumer: "c", CredentialsEnv: "IDC_TEST_NATS_CREDS"}
 	if s, err := New(t.Context(), cfg, testr.New(t)); err == nil {
 		_ = s.Close()
 		t.Fatal("New accepted an empty credentials variable")

@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
@@ -47,7 +48,11 @@ func (f *fixture) maxAckPending(t *testing.T, consumer string) int {
 // ahead). With the server's default MaxAckPending of 1,000 the third batch
 // would come back empty.
 func TestCreatedConsumerFillsDeclaredReplicas(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testCreatedConsumerFillsDeclaredReplicas)
+}
+
+func testCreatedConsumerFillsDeclaredReplicas(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	total := fourReplicas.MinUnacked(fourReplicas.Replicas)
 	// More than the replicas take, so no fetch comes back short because the
 	// stream ran out (the requests ahead take their share too).
@@ -81,7 +86,11 @@ func TestCreatedConsumerFillsDeclaredReplicas(t *testing.T) {
 // A consumer the runtime created for one replica grows when the runtime
 // starts with a larger declared scale; a user-made one is never changed.
 func TestOwnConsumerGrowsUserConsumerIsKept(t *testing.T) {
-	f := newFixture(t)
+	onServers(t, testOwnConsumerGrowsUserConsumerIsKept)
+}
+
+func testOwnConsumerGrowsUserConsumerIsKept(t *testing.T, srv *natstest.Server) {
+	f := newFixture(t, srv)
 	one := fourReplicas
 	one.Replicas = 1
 	s, err := New(t.Context(), f.cfg("grows"), testr.New(t), WithDelivery(one))
