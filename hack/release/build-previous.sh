@@ -17,6 +17,14 @@ if [[ -f $out/install.yaml && -f $out/idc-operator-image.tar.id && $(cat "$out/c
   echo "$out"
   exit 0
 fi
+if ! git -C "$root" cat-file -e "$commit^{commit}" 2>/dev/null; then
+  # A shallow clone lacks the release's commit: fetch it (or the history).
+  git -C "$root" fetch --quiet origin "$commit" 2>/dev/null || git -C "$root" fetch --quiet --unshallow 2>/dev/null || true
+  git -C "$root" cat-file -e "$commit^{commit}" 2>/dev/null || {
+    echo "the previous release's commit $commit ($version) is not in this clone and could not be fetched: clone with its history (no --depth)" >&2
+    exit 1
+  }
+fi
 tmp=$(mktemp -d)
 wt=$tmp/idc-operator-$version
 git -C "$root" worktree add --quiet --detach "$wt" "$commit" >&2
