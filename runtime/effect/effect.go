@@ -111,18 +111,33 @@ type column struct {
 // compileColumns compiles the column map in a stable (sorted) order, so the
 // generated SQL is the same on every replica and restart.
 func compileColumns(cols map[string]string) ([]column, error) {
+	names, exprs, err := CompileSorted(cols)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]column, len(names))
+	for i, n := range names {
+		out[i] = column{name: n, expr: exprs[i]}
+	}
+	return out, nil
+}
+
+// CompileSorted returns the columns of cols in sorted order with each value
+// expression compiled, so that every dialect generates the same SQL on every
+// replica and restart.
+func CompileSorted(cols map[string]string) ([]string, []extract.Expr, error) {
 	names := make([]string, 0, len(cols))
 	for n := range cols {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	out := make([]column, 0, len(names))
-	for _, n := range names {
+	exprs := make([]extract.Expr, len(names))
+	for i, n := range names {
 		e, err := extract.Compile(cols[n])
 		if err != nil {
-			return nil, fmt.Errorf("column %s: %w", n, err)
+			return nil, nil, fmt.Errorf("column %s: %w", n, err)
 		}
-		out = append(out, column{name: n, expr: e})
+		exprs[i] = e
 	}
-	return out, nil
+	return names, exprs, nil
 }

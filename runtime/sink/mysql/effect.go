@@ -22,23 +22,18 @@ type column struct {
 }
 
 // compileColumns compiles the columns in sorted order (the same SQL on
-// every replica) and validates each name.
+// every replica, effect.CompileSorted) and validates each name.
 func compileColumns(cols map[string]string) ([]column, error) {
-	names := make([]string, 0, len(cols))
-	for n := range cols {
-		names = append(names, n)
+	names, exprs, err := effect.CompileSorted(cols)
+	if err != nil {
+		return nil, err
 	}
-	sort.Strings(names)
-	out := make([]column, 0, len(names))
-	for _, n := range names {
+	out := make([]column, len(names))
+	for i, n := range names {
 		if err := ValidIdentifier(n); err != nil {
 			return nil, fmt.Errorf("column: %w", err)
 		}
-		e, err := extract.Compile(cols[n])
-		if err != nil {
-			return nil, fmt.Errorf("column %s: %w", n, err)
-		}
-		out = append(out, column{name: n, expr: e})
+		out[i] = column{name: n, expr: exprs[i]}
 	}
 	return out, nil
 }
