@@ -104,6 +104,19 @@ func Main(m *testing.M, def Pick, set func([]*Server) error) int {
 	return m.Run()
 }
 
+// MainOne is Main for a suite that runs against one server at a time (the
+// current one unless IDC_TEST_NATS=system): it stores the server's URL in
+// *url before the tests run.
+func MainOne(m *testing.M, suite string, url *string) int {
+	return Main(m, Current, func(s []*Server) error {
+		if len(s) != 1 {
+			return fmt.Errorf("the %s suite runs against one NATS server at a time: %s=current or system", suite, PickEnv)
+		}
+		*url = s[0].URL
+		return nil
+	})
+}
+
 // Open starts or connects to the servers IDC_TEST_NATS picks (def when it
 // is unset). The caller stops them.
 func Open(def Pick) ([]*Server, error) {
