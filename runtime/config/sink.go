@@ -8,9 +8,21 @@ const (
 	LayoutPartitioned Layout = "Partitioned"
 )
 
-// Sink is the PostgreSQL database and the effect applied there.
+// SinkKind names the sink database.
+type SinkKind string
+
+const (
+	SinkPostgres SinkKind = "postgres"
+	SinkMySQL    SinkKind = "mysql"
+)
+
+// Sink is the sink database and the effect applied there.
 type Sink struct {
-	// DSNEnv holds the PostgreSQL connection string.
+	// Kind is the database: postgres ("" reads as postgres) or mysql
+	// (MySQL or MariaDB; Schema then names the database).
+	Kind SinkKind `json:"kind,omitempty"`
+	// DSNEnv holds the connection string: a PostgreSQL one, or a
+	// go-sql-driver/mysql DSN for mysql.
 	DSNEnv          string `json:"dsnEnv"`
 	Schema          string `json:"schema"`
 	InboxTable      string `json:"inboxTable"`
@@ -91,3 +103,11 @@ const (
 	HTTPInline = "Inline"
 	HTTPOutbox = "Outbox"
 )
+
+// DatabaseKind is Kind with the default applied.
+func (s Sink) DatabaseKind() SinkKind {
+	if s.Kind == "" {
+		return SinkPostgres
+	}
+	return s.Kind
+}

@@ -39,6 +39,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	s := c.Sink
+	switch s.Kind {
+	case "", SinkPostgres, SinkMySQL:
+	default:
+		bad("sink.kind", "must be postgres or mysql, got %q", s.Kind)
+	}
 	if s.DSNEnv == "" {
 		bad("sink.dsnEnv", "required")
 	}

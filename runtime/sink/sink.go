@@ -139,12 +139,12 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
-// Kind names a dialect.
-type Kind string
+// Kind names a dialect (the runtime config's sink.kind).
+type Kind = config.SinkKind
 
 const (
-	Postgres Kind = "postgres"
-	MySQL    Kind = "mysql"
+	Postgres = config.SinkPostgres
+	MySQL    = config.SinkMySQL
 )
 
 // Tx is the claim transaction of one lane batch, opened by DB.Begin. An
@@ -203,31 +203,60 @@ type DB interface {
 	// Inbox is the inbox the sink config names (Schema is the database on
 	// MySQL).
 	Inbox(sink config.Sink, opts ...inbox.Option) (Inbox, error)
-	// Effect builds a transactional effect (upsert, append; sql on
-	// PostgreSQL) whose tables are in schema.
+	// Effect builds a transactional effect (upsert, append, sql) whose
+	// tables are in schema.
 	Effect(cfg config.Effect, schema string, entity *config.Entity) (Effect, error)
+	// Close releases the connections.
+	Close()
 }
 
 // Inbox is the inbox of one consumer in one dialect: the operations whose
-// statements differ between the databases.
+// statements differ between the databases. It is everything the runtime
+// (loop, prune, redrive, relay, dead-letter listing) and the controller
+// (sinkdb) do with an inbox; nothing outside a dialect package writes SQL
+// against one.
 type Inbox interface {
+	// Names are the inbox's table names (Schema is the database on MySQL).
+	Names() inbox.Names
+	// QualifiedInbox is the quoted, qualified inbox table (for logs).
+	QualifiedInbox() string
+	Layout() config.Layout
+
 	// Migrate creates or upgrades every table of the inbox and records the
 	// schema version; idempotent, safe concurrently and after a crash.
 	Migrate(ctx context.Context) error
 	// MigrateFor is Migrate for the controller's claim: it refuses a lost
 	// inbox or another owner's, records the owner, mints the epoch.
 	MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (inbox.Identity, error)
+	// Check reads the inbox's identity and version for the controller
+	// without changing anything; ready says it is migrated, current and
+	// the claim's.
+	Check(ctx context.Context, c inbox.OwnerClaim) (id inbox.Identity, version int, ready bool, err error)
 	// SchemaVersion is the recorded version, 0 when not migrated.
 	SchemaVersion(ctx context.Context) (int, error)
+	// Verify says whether the inbox still holds the expected epoch
+	// (inbox.LostError when not).
+	Verify(ctx context.Context) error
+	// MarkRestored records that the inbox of epoch was restored from a
+	// backup: it reads as lost until the controller claims it again.
+	MarkRestored(ctx context.Context, epoch string) error
 	// Drop removes every table of the inbox, only when its meta row marks
-	// them as the operator's.
+	// them as the operator's; DropOwned only when they are owner's.
 	Drop(ctx context.Context) error
+	DropOwned(ctx context.Context, owner inbox.Owner) error
 
 	// Claim records the ids in tx and returns the new ones (in-batch
 	// repeats claimed once).
 	Claim(ctx context.Context, tx Tx, claims []inbox.Claim) (map[string]struct{}, error)
 	// Unclaim releases ids claimed earlier in tx.
 	Unclaim(ctx context.Context, tx Tx, ids []string) error
+	// Existing returns which of ids are claimed (outside a transaction).
+	Existing(ctx context.Context, ids []string) (map[string]struct{}, error)
+	// Conflicts finds the duplicates of claims whose fingerprint differs
+	// from the one claimed first; RecordConflicts keeps them.
+	Conflicts(ctx context.Context, tx Tx, claims []inbox.Claim, fresh map[string]struct{}) ([]inbox.Conflict, error)
+	RecordConflicts(ctx context.Context, tx Tx, rows []inbox.ConflictRecord) error
+	ConflictCount(ctx context.Context) (int64, error)
 	// DeadLetter inserts the rows in tx and reports which were new (one
 	// per broker native id).
 	DeadLetter(ctx context.Context, tx Tx, dls []inbox.DeadLetter) ([]bool, error)
@@ -245,10 +274,59 @@ type Inbox interface {
 	ReadWindow(ctx context.Context) (*inbox.WindowState, error)
 	UpdateWindow(ctx context.Context, fn func(current *inbox.WindowState) (*inbox.WindowState, error)) (*inbox.WindowState, error)
 
+	// Stats are the inbox gauges (rows, oldest row's age).
+	Stats(ctx context.Context) (inbox.Stats, error)
 	// PruneTable deletes ids below the bound's cutoff in batches that never
 	// wait for a claim, and records the run.
 	PruneTable(ctx context.Context, b inbox.Bound, batchSize int, maxDuration time.Duration) (inbox.PruneResult, error)
 	LastPruneRun(ctx context.Context) (*inbox.PruneRun, error)
+
+	Partitions
+	Outbox
+	DeadLetters
+}
+
+// Partitions is the Partitioned layout: one partition per UTC day of
+// publish time, dropped whole by prune.
+type Partitions interface {
+	// EnsurePartitions creates the days from from on; EnsurePartitionsFor
+	// the days of these publish times (cached); ForgetPartitions drops the
+	// cache (a failed insert may mean a day was pruned).
+	EnsurePartitions(ctx context.Context, from time.Time, days int) error
+	EnsurePartitionsFor(ctx context.Context, published []time.Time) error
+	ForgetPartitions()
+	// PrunePartitions drops the days wholly below the bound's cutoff and
+	// records the run.
+	PrunePartitions(ctx context.Context, b inbox.Bound) (inbox.PruneResult, error)
+}
+
+// Outbox is spec.emit's transactional outbox and its relay.
+type Outbox interface {
+	// WriteOutbox writes the rows in the claim transaction.
+	WriteOutbox(ctx context.Context, tx Tx, rows []inbox.OutboxRow) error
+	// ClaimOutboxShard takes the shard's lock for tx (ok false when another
+	// relay holds it) and returns up to limit pending events in order.
+	ClaimOutboxShard(ctx context.Context, tx Tx, shard, limit int) (events []inbox.PendingEvent, ok bool, err error)
+	MarkOutboxSent(ctx context.Context, tx Tx, ids []int64) error
+	NoteOutboxFailure(ctx context.Context, tx Tx, ids []int64, reason string, counted bool) (map[int64]int, error)
+	DeadLetterOutbox(ctx context.Context, tx Tx, e inbox.PendingEvent, reason, class string) error
+	OutboxStats(ctx context.Context) (inbox.OutboxStats, error)
+	PruneOutbox(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (int64, error)
+}
+
+// DeadLetters is the dead-letter table as listing and redrive use it.
+type DeadLetters interface {
+	ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, excerpt int) (inbox.DeadLetterListing, error)
+	SelectDeadLetters(ctx context.Context, f inbox.DeadLetterFilter) ([]int64, error)
+	// LockDeadLetter locks the row for tx (nil when gone or locked by
+	// another redrive).
+	LockDeadLetter(ctx context.Context, tx Tx, id int64) (*inbox.StoredDeadLetter, error)
+	DeleteDeadLetter(ctx context.Context, tx Tx, id int64) error
+	FailDeadLetterAgain(ctx context.Context, tx Tx, id int64, reason, class string) error
+	RecordRedrive(ctx context.Context, tx Tx, r inbox.Redrive) error
+	RedriveSummary(ctx context.Context, run string) (inbox.RedriveSummary, error)
+	// RequeueOutbox puts an outbox event's dead letter back in the outbox.
+	RequeueOutbox(ctx context.Context, tx Tx, d inbox.StoredDeadLetter) error
 }
 
 // Effect is a transactional effect in one dialect.

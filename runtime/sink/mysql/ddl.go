@@ -59,6 +59,12 @@ func NewInbox(d *DB, s config.Sink, opts ...inbox.Option) (*Inbox, error) {
 // Names are the table names.
 func (s *Inbox) Names() inbox.Names { return s.names }
 
+// QualifiedInbox is the quoted `database`.`table` of the inbox.
+func (s *Inbox) QualifiedInbox() string { return s.inbox }
+
+// Layout is the inbox's layout.
+func (s *Inbox) Layout() config.Layout { return config.LayoutTable }
+
 // name is the inbox as errors name it.
 func (s *Inbox) name() string { return s.names.Schema + "." + s.names.Inbox }
 

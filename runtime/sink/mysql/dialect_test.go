@@ -26,7 +26,7 @@ func open(t *testing.T) (*mysql.DB, string) {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
-	t.Cleanup(func() { _ = d.Close() })
+	t.Cleanup(d.Close)
 	return d, name
 }
 
@@ -320,7 +320,7 @@ func TestCountingClaimRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = d.Close() })
+	t.Cleanup(d.Close)
 	ctx := context.Background()
 	in := newInbox(t, d, name)
 	if err := in.Migrate(ctx); err != nil {

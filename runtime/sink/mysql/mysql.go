@@ -149,7 +149,8 @@ func (d *DB) Version() string { return d.version }
 // Claim is the strategy in use.
 func (d *DB) Claim() ClaimStrategy { return d.claim }
 
-func (d *DB) Close() error { return d.db.Close() }
+// Close closes the connections.
+func (d *DB) Close() { _ = d.db.Close() }
 
 func (*DB) Kind() sink.Kind { return sink.MySQL }
 

@@ -31,7 +31,7 @@ func harness(opts ...mysql.Option) sinktest.Harness {
 			if err != nil {
 				t.Fatalf("Open: %v", err)
 			}
-			t.Cleanup(func() { _ = d.Close() })
+			t.Cleanup(d.Close)
 			return d, name
 		},
 		CreateOrders: func(t *testing.T, d sink.DB, schema, table string) {

@@ -41,6 +41,8 @@ func (d DB) Begin(ctx context.Context) (sink.Tx, error) {
 
 func (d DB) Ping(ctx context.Context) error { return d.Pool.Ping(ctx) }
 
+func (d DB) Close() { d.Pool.Close() }
+
 // Classify is the SQLSTATE table (classify.go).
 func (DB) Classify(err error) (sink.Class, string) { return Classify(err) }
 
@@ -49,7 +51,7 @@ func (d DB) Inbox(s config.Sink, opts ...inbox.Option) (sink.Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Inbox{st}, nil
+	return Inbox{Store: st, pool: d.Pool}, nil
 }
 
 func (DB) Effect(cfg config.Effect, schema string, entity *config.Entity) (sink.Effect, error) {
@@ -74,10 +76,24 @@ func (e Effect) Apply(ctx context.Context, tx sink.Tx, recs []*effect.Record) (e
 	return e.Effect.Apply(ctx, ptx, recs)
 }
 
-// Inbox is an *inbox.Store behind the seam.
-type Inbox struct{ *inbox.Store }
+// Inbox is an *inbox.Store behind the seam: the Store's methods whose
+// signatures are the seam's are promoted as they are; the ones below assert
+// the Tx back to pgx.Tx, or pass the pool where the Store takes a Querier.
+type Inbox struct {
+	*inbox.Store
+	pool *pgxpool.Pool
+}
 
 var _ sink.Inbox = Inbox{}
+
+// pgTx is tx as the pgx.Tx it is.
+func pgTx(tx sink.Tx) (pgx.Tx, error) {
+	ptx, ok := tx.(pgx.Tx)
+	if !ok {
+		return nil, sink.ErrForeignTx
+	}
+	return ptx, nil
+}
 
 func (i Inbox) Claim(ctx context.Context, tx sink.Tx, claims []inbox.Claim) (map[string]struct{}, error) {
 	ptx, ok := tx.(pgx.Tx)
@@ -107,4 +123,112 @@ func (i Inbox) DeadLetter(ctx context.Context, tx sink.Tx, dls []inbox.DeadLette
 // the seam's list of operations reads the same in both dialects.
 func (i Inbox) PruneTable(ctx context.Context, b inbox.Bound, batchSize int, maxDuration time.Duration) (inbox.PruneResult, error) {
 	return i.Store.PruneTable(ctx, b, batchSize, maxDuration)
+}
+
+func (i Inbox) Existing(ctx context.Context, ids []string) (map[string]struct{}, error) {
+	return i.Store.Existing(ctx, i.pool, ids)
+}
+
+func (i Inbox) Conflicts(ctx context.Context, tx sink.Tx, claims []inbox.Claim, fresh map[string]struct{}) ([]inbox.Conflict, error) {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return i.Store.Conflicts(ctx, ptx, claims, fresh)
+}
+
+func (i Inbox) RecordConflicts(ctx context.Context, tx sink.Tx, rows []inbox.ConflictRecord) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.RecordConflicts(ctx, ptx, rows)
+}
+
+func (i Inbox) WriteOutbox(ctx context.Context, tx sink.Tx, rows []inbox.OutboxRow) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.WriteOutbox(ctx, ptx, rows)
+}
+
+func (i Inbox) ClaimOutboxShard(ctx context.Context, tx sink.Tx, shard, limit int) ([]inbox.PendingEvent, bool, error) {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return nil, false, err
+	}
+	return i.Store.ClaimOutboxShard(ctx, ptx, shard, limit)
+}
+
+func (i Inbox) MarkOutboxSent(ctx context.Context, tx sink.Tx, ids []int64) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.MarkOutboxSent(ctx, ptx, ids)
+}
+
+func (i Inbox) NoteOutboxFailure(ctx context.Context, tx sink.Tx, ids []int64, reason string, counted bool) (map[int64]int, error) {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return i.Store.NoteOutboxFailure(ctx, ptx, ids, reason, counted)
+}
+
+func (i Inbox) DeadLetterOutbox(ctx context.Context, tx sink.Tx, e inbox.PendingEvent, reason, class string) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.DeadLetterOutbox(ctx, ptx, e, reason, class)
+}
+
+func (i Inbox) ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, excerpt int) (inbox.DeadLetterListing, error) {
+	return i.Store.ListDeadLetters(ctx, i.pool, f, excerpt)
+}
+
+func (i Inbox) SelectDeadLetters(ctx context.Context, f inbox.DeadLetterFilter) ([]int64, error) {
+	return i.Store.SelectDeadLetters(ctx, i.pool, f)
+}
+
+func (i Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (*inbox.StoredDeadLetter, error) {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return i.Store.LockDeadLetter(ctx, ptx, id)
+}
+
+func (i Inbox) DeleteDeadLetter(ctx context.Context, tx sink.Tx, id int64) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.DeleteDeadLetter(ctx, ptx, id)
+}
+
+func (i Inbox) FailDeadLetterAgain(ctx context.Context, tx sink.Tx, id int64, reason, class string) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.FailDeadLetterAgain(ctx, ptx, id, reason, class)
+}
+
+func (i Inbox) RecordRedrive(ctx context.Context, tx sink.Tx, r inbox.Redrive) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.RecordRedrive(ctx, ptx, r)
+}
+
+func (i Inbox) RequeueOutbox(ctx context.Context, tx sink.Tx, d inbox.StoredDeadLetter) error {
+	ptx, err := pgTx(tx)
+	if err != nil {
+		return err
+	}
+	return i.Store.RequeueOutbox(ctx, ptx, d)
 }
