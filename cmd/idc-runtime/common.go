@@ -16,7 +16,9 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/internal/process"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/mysql"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/version"
 )
 
@@ -68,10 +70,69 @@ func (c *commonFlags) setup(command string, stderr io.Writer) (*config.Config, l
 	return cfg, log.WithValues("idc", cfg.Name), nil
 }
 
-// newPool builds the pool from the DSN in the environment variable the
-// config names. It does not connect: the first use does, so a database that
-// is down is handled by the caller's retries. The DSN is never put in an
-// error or a log.
+// sinkConns is the connection pool's size: one connection per in-flight
+// transaction, plus the stats and partition upkeep; with emit, one per
+// relay worker as well. The same for both databases.
+func sinkConns(cfg *config.Config) int {
+	conns := cfg.Delivery.InFlight + 2
+	if cfg.UsesOutbox() {
+		conns += cfg.Delivery.InFlight
+	}
+	return conns
+}
+
+// openSink opens the sink database the config names (sink.kind): a pgx
+// pool for PostgreSQL, which does not connect (the first use does, so a
+// database that is down is handled by the caller's retries); for MySQL or
+// MariaDB, a database/sql pool that reads the server's version first (its
+// claim statement depends on it), retried here on the bounded backoff while
+// the server is down. ok is false when ctx ended first. The DSN is never put
+// in an error or a log. The caller closes the DB.
+func openSink(ctx context.Context, cfg *config.Config, log logr.Logger) (db sink.DB, ok bool, err error) {
+	if cfg.Sink.DatabaseKind() != config.SinkMySQL {
+		pool, err := newPool(cfg)
+		if err != nil {
+			return nil, false, err
+		}
+		return postgres.New(pool), true, nil
+	}
+	name := cfg.Sink.DSNEnv
+	dsn := os.Getenv(name)
+	if dsn == "" {
+		return nil, false, withCode(exitUsage, fmt.Errorf("environment variable %s (sink.dsnEnv, the MySQL DSN) is not set or empty", name))
+	}
+	if _, err := mysql.ParseDSN(dsn); err != nil {
+		// The parse error may quote parts of the DSN: it is not wrapped.
+		return nil, false, withCode(exitUsage, fmt.Errorf("environment variable %s does not hold a valid MySQL DSN (user:password@tcp(host:3306)/database)", name))
+	}
+	m, ok := retry(ctx, log, "connect to the sink database", cfg.Delivery, func(ctx context.Context) (*mysql.DB, error) {
+		return mysql.Open(ctx, dsn)
+	})
+	if !ok {
+		return nil, false, nil
+	}
+	m.SetMaxConns(sinkConns(cfg))
+	log.Info("Sink database", "kind", string(sink.MySQL), "server", m.Version())
+	return m, true, nil
+}
+
+// openSinkInbox is openSink and the inbox the config names; a config the
+// inbox refuses is a usage error. The caller closes the DB.
+func openSinkInbox(ctx context.Context, cfg *config.Config, log logr.Logger) (sink.DB, sink.Inbox, bool, error) {
+	db, ok, err := openSink(ctx, cfg, log)
+	if err != nil || !ok {
+		return nil, nil, ok, err
+	}
+	store, err := sink.InboxFor(db, cfg)
+	if err != nil {
+		db.Close()
+		return nil, nil, false, withCode(exitUsage, err)
+	}
+	return db, store, true, nil
+}
+
+// newPool builds the PostgreSQL pool from the DSN in the environment
+// variable the config names. It does not connect.
 func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 	name := cfg.Sink.DSNEnv
 	dsn := os.Getenv(name)
@@ -87,34 +148,13 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams["application_name"] = "idc-runtime"
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
-		// One connection per in-flight transaction, plus the stats and
-		// partition upkeep; with emit, one per relay worker as well.
-		conns := cfg.Delivery.InFlight + 2
-		if cfg.UsesOutbox() {
-			conns += cfg.Delivery.InFlight
-		}
-		pc.MaxConns = max(pc.MaxConns, int32(conns))
+		pc.MaxConns = max(pc.MaxConns, int32(sinkConns(cfg)))
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("while creating the PostgreSQL pool: %w", err)
 	}
 	return pool, nil
-}
-
-// openStore builds the pool (newPool) and the inbox store the config names;
-// the caller closes the pool. A config the store refuses is a usage error.
-func openStore(cfg *config.Config) (*pgxpool.Pool, *inbox.Store, error) {
-	pool, err := newPool(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	store, err := inbox.ForConfig(pool, cfg)
-	if err != nil {
-		pool.Close()
-		return nil, nil, withCode(exitUsage, err)
-	}
-	return pool, store, nil
 }
 
 // report logs a command's failure and returns its exit code.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -49,12 +50,12 @@ func deadLettersCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := process.SignalContext()
 	defer stop()
-	pool, store, err := openStore(cfg)
-	if err != nil {
-		return report(log, err)
+	db, store, ok, err := openSinkInbox(ctx, cfg, log)
+	if err != nil || !ok {
+		return report(log, errors.Join(err, ctx.Err()))
 	}
-	defer pool.Close()
-	listing, err := store.ListDeadLetters(ctx, pool, filter, f.excerpt)
+	defer db.Close()
+	listing, err := store.ListDeadLetters(ctx, filter, f.excerpt)
 	if err != nil {
 		return report(log, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"time"
 
@@ -28,13 +29,16 @@ func migrateCommand(args []string, stderr io.Writer) int {
 }
 
 func migrate(cfg *config.Config, log logr.Logger) error {
-	pool, store, err := openStore(cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
+	defer cancel()
+	db, store, ok, err := openSinkInbox(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), migrateTimeout)
-	defer cancel()
+	if !ok {
+		return fmt.Errorf("while connecting to the sink database: %w", ctx.Err())
+	}
+	defer db.Close()
 	if err := store.Migrate(ctx); err != nil {
 		if inbox.IsNewerSchema(err) {
 			return withCode(exitRefused, err)

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // opsInterval is how often the operational gauges are refreshed: at most
@@ -60,7 +60,7 @@ func newOpsGauges(reg prometheus.Registerer, state *loopState) (*opsGauges, erro
 
 // refresh updates the gauges every opsInterval until ctx ends. Failures
 // keep the last value: a gauge is not worth a log line per 15 s.
-func (g *opsGauges) refresh(ctx context.Context, cfg *config.Config, store *inbox.Store, log logr.Logger) {
+func (g *opsGauges) refresh(ctx context.Context, cfg *config.Config, store sink.Inbox, log logr.Logger) {
 	t := time.NewTicker(opsInterval)
 	defer t.Stop()
 	for {
@@ -74,7 +74,7 @@ func (g *opsGauges) refresh(ctx context.Context, cfg *config.Config, store *inbo
 	}
 }
 
-func (g *opsGauges) readWindow(ctx context.Context, store *inbox.Store, log logr.Logger) {
+func (g *opsGauges) readWindow(ctx context.Context, store sink.Inbox, log logr.Logger) {
 	run, err := store.LastPruneRun(ctx)
 	switch {
 	case err != nil && ctx.Err() == nil:

@@ -14,6 +14,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // partitionDaysAhead: the prune job also creates today's partition and the
@@ -102,11 +103,11 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		log.Error(deriveErr, "Re-deriving the retention window failed; falling back to the stored and the controller's window",
 			"controllerWindow", controllerWindow.String())
 	}
-	pool, store, err := openStore(cfg)
-	if err != nil {
-		return err
+	db, store, ok, err := openSinkInbox(ctx, cfg, log)
+	if err != nil || !ok {
+		return errors.Join(err, ctx.Err())
 	}
-	defer pool.Close()
+	defer db.Close()
 	version, err := store.SchemaVersion(ctx)
 	if err != nil {
 		return err
@@ -117,7 +118,7 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 		log.Info("Inbox not provisioned yet; nothing to prune", "inbox", store.QualifiedInbox())
 		return nil
 	}
-	if err := store.CheckKnownVersion(version); err != nil {
+	if err := inbox.CheckKnownVersion(store.Names(), version); err != nil {
 		return withCode(exitRefused, fmt.Errorf("refusing to prune: %w", err))
 	}
 	if version < inbox.SchemaVersion {
@@ -173,7 +174,7 @@ func prune(ctx context.Context, cfg *config.Config, log logr.Logger, controllerW
 // adoptWindow runs the derivation through the window state stored beside the
 // inbox (the controller adopts through the same function) and returns the
 // window in force there; 0 when none is stored and nothing was derived.
-func adoptWindow(ctx context.Context, store *inbox.Store, derived retention.Result, deriveErr error) (time.Duration, error) {
+func adoptWindow(ctx context.Context, store sink.Inbox, derived retention.Result, deriveErr error) (time.Duration, error) {
 	var applied *retention.Applied
 	var err error
 	if deriveErr == nil {
@@ -202,7 +203,7 @@ type progressCost struct {
 // (retention.Hold). The broker is asked only when a replica stopped
 // heartbeating without a graceful stop: an idle, fully acknowledged
 // consumer costs one query.
-func holdByProgress(ctx context.Context, cfg *config.Config, store *inbox.Store, window time.Duration, log logr.Logger) (retention.Hold, progressCost, error) {
+func holdByProgress(ctx context.Context, cfg *config.Config, store sink.Inbox, window time.Duration, log logr.Logger) (retention.Hold, progressCost, error) {
 	start := time.Now()
 	now, recs, err := store.Progress(ctx)
 	if err != nil {
@@ -249,7 +250,7 @@ func anySilent(now time.Time, recs []inbox.ProgressRecord) bool {
 	return false
 }
 
-func pruneStore(ctx context.Context, store *inbox.Store, r config.Retention, b inbox.Bound) (inbox.PruneResult, error) {
+func pruneStore(ctx context.Context, store sink.Inbox, r config.Retention, b inbox.Bound) (inbox.PruneResult, error) {
 	if store.Layout() != config.LayoutPartitioned {
 		return store.PruneTable(ctx, b, r.PruneBatchSize, r.PruneMaxDuration.Duration)
 	}

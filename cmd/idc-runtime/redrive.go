@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -41,12 +42,12 @@ func redriveCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := process.SignalContext()
 	defer stop()
-	pool, err := newPool(cfg)
-	if err != nil {
-		return report(log, err)
+	db, ok, err := openSink(ctx, cfg, log)
+	if err != nil || !ok {
+		return report(log, errors.Join(err, ctx.Err()))
 	}
-	defer pool.Close()
-	r, err := redrive.New(pool, cfg, log)
+	defer db.Close()
+	r, err := redrive.New(db, cfg, log)
 	if err != nil {
 		return report(log, withCode(exitUsage, err))
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/outbox"
 	"github.com/idempotency-dev/idc-operator/runtime/server"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	"github.com/idempotency-dev/idc-operator/runtime/source/open"
 )
@@ -171,11 +171,11 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 		log.Info("Writing a CPU profile until the process stops", "env", cpuProfileEnv, "path", path)
 		defer stop()
 	}
-	pool, err := newPool(cfg)
-	if err != nil {
+	db, ok, err := openSink(ctx, cfg, log)
+	if err != nil || !ok {
 		return err
 	}
-	defer pool.Close()
+	defer db.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := consumer.NewMetrics(reg)
@@ -208,7 +208,7 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	if err != nil {
 		return err
 	}
-	if err := consume(ctx, cfg, log, consumerName, pool, metrics, relayMetrics, state, ops); err != nil {
+	if err := consume(ctx, cfg, log, consumerName, db, metrics, relayMetrics, state, ops); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -218,19 +218,19 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	return nil
 }
 
-func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, pool *pgxpool.Pool, metrics *consumer.Metrics, relayMetrics *outbox.Metrics, state *loopState, ops *opsGauges) (err error) {
+func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerName string, db sink.DB, metrics *consumer.Metrics, relayMetrics *outbox.Metrics, state *loopState, ops *opsGauges) (err error) {
 	// The outbox relay failing stops the loop (and the process) with its
 	// error.
 	ctx, stopLoop := context.WithCancelCause(ctx)
 	defer stopLoop(nil)
-	store, err := inbox.ForConfig(pool, cfg)
+	store, err := sink.InboxFor(db, cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}
 	// Built before anything is dialled, so a config the loop cannot run
 	// fails at once instead of after the database and broker are up.
 	watched := &watchedSource{state: state}
-	c, err := consumer.New(watched, pool, cfg, metrics, log)
+	c, err := consumer.New(watched, db, cfg, metrics, log)
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("while building the consumer: %w", err))
 	}
@@ -285,7 +285,7 @@ func consume(ctx context.Context, cfg *config.Config, log logr.Logger, consumerN
 	state.touch()
 	go ops.refresh(ctx, cfg, store, log)
 	if cfg.UsesOutbox() {
-		relay, ok := openRelay(ctx, cfg, log, pool, store, relayMetrics)
+		relay, ok := openRelay(ctx, cfg, log, db, store, relayMetrics)
 		if ok {
 			relay.DeadLettered = func(class string) { metrics.DeadLetters.WithLabelValues(class).Inc() }
 		}
@@ -344,10 +344,10 @@ func shutdownServer(srv *server.Server, log logr.Logger) {
 
 // openRelay connects the emit target (retrying while it is down) and builds
 // this replica's outbox relay. It reports false when ctx ended first.
-func openRelay(ctx context.Context, cfg *config.Config, log logr.Logger, pool *pgxpool.Pool, store *inbox.Store, metrics *outbox.Metrics) (*outbox.Relay, bool) {
+func openRelay(ctx context.Context, cfg *config.Config, log logr.Logger, db sink.DB, store sink.Inbox, metrics *outbox.Metrics) (*outbox.Relay, bool) {
 	d := cfg.Delivery
 	relay := &outbox.Relay{
-		Store: store, Pool: pool, Metrics: metrics, Log: log.WithName("outbox"),
+		Store: store, DB: db, Metrics: metrics, Log: log.WithName("outbox"),
 		BatchSize: d.BatchSize, Workers: d.InFlight, Poll: d.MaxWait.Duration,
 		BackoffInitial: d.BackoffInitial.Duration, BackoffMax: d.BackoffMax.Duration,
 		AfterPublish: relayAfterPublish, BeforePublish: relayBeforePublish,

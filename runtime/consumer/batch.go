@@ -7,13 +7,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
-	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // maxIDBytes keeps ids well under the btree entry limit (~2.7kB): a longer id
@@ -58,7 +56,7 @@ func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	out := outcome{duplicates: lb.dups}
 	token := c.progress.begin()
 	var err error
-	if c.effect.Transactional() {
+	if c.outside == nil {
 		err = c.settle(work, stop, lb.recs, lb.dls, c.effect, &out)
 	} else {
 		err = c.settleOutside(work, stop, lb.recs, lb.dls, &out)
@@ -147,7 +145,7 @@ func newDeadLetter(m *extract.Message, reason, class string, attempts int) deadL
 // either. A group that keeps failing is bisected (at once for a data error);
 // a single record that still fails after MaxAttempts becomes a dead letter
 // carrying the database error, and the rest proceeds.
-func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome) (settleErr error) {
+func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff sink.Effect, out *outcome) (settleErr error) {
 	limit := c.attemptLimit(len(recs))
 	attempts, outages, holds := 0, 0, 0
 	defer func() {
@@ -166,7 +164,7 @@ func (c *Consumer) settle(work, stop context.Context, recs []*extract.Message, d
 			return nil
 		}
 		var wait time.Duration
-		switch kind, reason := classify(err); kind {
+		switch kind, reason := c.classify(err); kind {
 		case failureUnavailable:
 			outages++
 			wait = c.backoff(outages)
@@ -205,7 +203,7 @@ func (c *Consumer) attemptLimit(records int) int {
 	return min(2, c.delivery.MaxAttempts)
 }
 
-func (c *Consumer) isolate(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect, out *outcome, cause error, attempts int) error {
+func (c *Consumer) isolate(work, stop context.Context, recs []*extract.Message, dls []deadLetter, eff sink.Effect, out *outcome, cause error, attempts int) error {
 	if len(recs) == 1 {
 		c.log.Error(cause, "Dead-lettering a message that keeps failing", "messageId", recs[0].ID, "attempts", attempts)
 		dl := newDeadLetter(recs[0], "database: "+cause.Error(), ReasonDatabase, attempts)
@@ -223,7 +221,7 @@ func (c *Consumer) backoff(n int) time.Duration {
 }
 
 // commit runs one transaction: claim, effect for the new ids, dead letters.
-func (c *Consumer) commit(ctx context.Context, recs []*extract.Message, dls []deadLetter, eff effect.Effect) (outcome, error) {
+func (c *Consumer) commit(ctx context.Context, recs []*extract.Message, dls []deadLetter, eff sink.Effect) (outcome, error) {
 	if err := c.inboxLost(); err != nil {
 		return outcome{}, err
 	}
@@ -231,7 +229,7 @@ func (c *Consumer) commit(ctx context.Context, recs []*extract.Message, dls []de
 		return outcome{}, err
 	}
 	var out outcome
-	err := c.inTx(ctx, func(tx pgx.Tx) error {
+	err := c.inTx(ctx, func(tx sink.Tx) error {
 		var err error
 		if out, dls, err = c.claimAndApply(ctx, tx, recs, dls, eff); err != nil {
 			return err
@@ -272,7 +270,7 @@ func (c *Consumer) ensurePartitionsFor(ctx context.Context, recs []*extract.Mess
 
 // claimAndApply claims recs and applies the effect to the new ones. Records
 // the effect cannot evaluate are released from the inbox and dead-lettered.
-func (c *Consumer) claimAndApply(ctx context.Context, tx pgx.Tx, recs []*extract.Message, dls []deadLetter, eff effect.Effect) (outcome, []deadLetter, error) {
+func (c *Consumer) claimAndApply(ctx context.Context, tx sink.Tx, recs []*extract.Message, dls []deadLetter, eff sink.Effect) (outcome, []deadLetter, error) {
 	out := outcome{dead: map[string]int{}}
 	claims := make([]inbox.Claim, len(recs))
 	for i, m := range recs {
@@ -312,12 +310,13 @@ func (c *Consumer) claimAndApply(ctx context.Context, tx pgx.Tx, recs []*extract
 	return out, dls, c.store.Unclaim(ctx, tx, released)
 }
 
-// inTx runs fn in a READ COMMITTED transaction (the partitioned claim relies
-// on a fresh snapshot per statement) and times the COMMIT.
-func (c *Consumer) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+// inTx runs fn in a READ COMMITTED transaction of the sink database (the
+// partitioned claim relies on a fresh snapshot per statement; on MySQL it
+// avoids gap locks between claims) and times the COMMIT.
+func (c *Consumer) inTx(ctx context.Context, fn func(sink.Tx) error) error {
+	tx, err := c.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("while beginning: %w", err)
+		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op after a commit
 	if err := fn(tx); err != nil {

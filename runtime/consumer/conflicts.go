@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // idConflicts finds the duplicates of this claim whose payload differs from
@@ -19,7 +18,7 @@ import (
 // idc_id_conflicts_total once the transaction commits) and the dead
 // letters to write. The effect is never applied to a conflicting message:
 // it is a duplicate for the inbox.
-func (c *Consumer) idConflicts(ctx context.Context, tx pgx.Tx, recs []*extract.Message, claims []inbox.Claim, fresh map[string]struct{}, dls []deadLetter) (int, []deadLetter, error) {
+func (c *Consumer) idConflicts(ctx context.Context, tx sink.Tx, recs []*extract.Message, claims []inbox.Claim, fresh map[string]struct{}, dls []deadLetter) (int, []deadLetter, error) {
 	if len(fresh) == len(claims) {
 		return 0, dls, nil // no duplicate: the common case costs nothing
 	}

@@ -1,5 +1,6 @@
 // Package consumer is the runtime loop: fetch a batch, claim its ids and
-// apply the effect in one PostgreSQL transaction, commit, and only then ack
+// apply the effect in one transaction of the sink database (PostgreSQL or
+// MySQL/MariaDB, through the runtime/sink seam), commit, and only then ack
 // (DESIGN.md section 5).
 package consumer
 
@@ -12,15 +13,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/outbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
@@ -46,11 +46,14 @@ var errStopped = errors.New("stopped before the batch could be committed")
 
 // Consumer runs the loop for one IdempotentConsumer.
 type Consumer struct {
-	src    source.Source
-	pool   *pgxpool.Pool
-	store  *inbox.Store
-	effect effect.Effect
-	id     extract.Extractor
+	src   source.Source
+	db    sink.DB
+	store sink.Inbox
+	// effect runs in the claim transaction; outside is the http effect
+	// called before it (inline delivery), effect then only claims.
+	effect  sink.Effect
+	outside effect.Effect
+	id      extract.Extractor
 	// key is the entity key extractor (nil without message.entity): it
 	// picks the lane.
 	key      *extract.Extractor
@@ -97,14 +100,23 @@ type Consumer struct {
 
 // New builds the loop from the config. metrics may be nil (then they are
 // registered on a private registry).
-func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Metrics, logger logr.Logger) (*Consumer, error) {
-	store, err := inbox.ForConfig(pool, cfg)
+func New(src source.Source, db sink.DB, cfg *config.Config, metrics *Metrics, logger logr.Logger) (*Consumer, error) {
+	store, err := sink.InboxFor(db, cfg)
 	if err != nil {
 		return nil, err
 	}
-	eff, err := effect.New(cfg.Sink.Effect, cfg.Sink.Schema, cfg.Message.Entity)
-	if err != nil {
-		return nil, err
+	var eff sink.Effect = claimOnly{}
+	var outside effect.Effect
+	switch h := cfg.Sink.Effect.HTTP; {
+	case h == nil:
+		if eff, err = db.Effect(cfg.Sink.Effect, cfg.Sink.Schema, cfg.Message.Entity); err != nil {
+			return nil, err
+		}
+	case h.Delivery != config.HTTPOutbox:
+		// The call is made before the transaction, which then only claims.
+		if outside, err = effect.New(cfg.Sink.Effect, cfg.Sink.Schema, cfg.Message.Entity); err != nil {
+			return nil, err
+		}
 	}
 	id, err := extract.CompileExtractor(cfg.Message.ID)
 	if err != nil {
@@ -124,7 +136,7 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 		}
 	}
 	c := &Consumer{
-		src: src, pool: pool, store: store, effect: eff, id: id, key: key,
+		src: src, db: db, store: store, effect: eff, outside: outside, id: id, key: key,
 		delivery: cfg.Delivery, source: cfg.Source, metrics: metrics, onPayloadMismatch: cfg.Message.OnPayloadMismatch,
 		log: logger.WithValues("consumer", cfg.Name),
 	}
@@ -135,13 +147,13 @@ func New(src source.Source, pool *pgxpool.Pool, cfg *config.Config, metrics *Met
 			return nil, err
 		}
 		if c.emit.OnlyChanged() {
-			c.emitTracked = effect.TrackChanges(eff)
+			c.emitTracked = sink.TrackChanges(eff)
 		}
 	}
 	if h := cfg.Sink.Effect.HTTP; h != nil && h.Delivery == config.HTTPOutbox {
-		// The call leaves the loop: the transaction claims the id and
-		// writes the outbox row the dispatcher calls the endpoint from.
-		c.effect = claimOnly{}
+		// The call leaves the loop: the transaction claims the id (effect
+		// is claimOnly) and writes the outbox row the dispatcher calls the
+		// endpoint from.
 		c.emit = outbox.NewHTTPWriter(h, key)
 	}
 	return c, nil
@@ -179,7 +191,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 func (c *Consumer) waitForDatabase(ctx context.Context) bool {
 	for n := 1; ; n++ {
-		err := c.pool.Ping(ctx)
+		err := c.db.Ping(ctx)
 		if err == nil {
 			c.dbReady.Store(true)
 			c.ensurePartitionsAhead(ctx)

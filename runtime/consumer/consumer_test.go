@@ -25,6 +25,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
@@ -94,7 +95,7 @@ type running struct {
 
 func start(t *testing.T, src source.Source, pool *pgxpool.Pool, cfg *config.Config, m *Metrics) *running {
 	t.Helper()
-	c, err := New(src, pool, cfg, m, testr.NewWithOptions(t, testr.Options{Verbosity: 0}))
+	c, err := New(src, postgres.New(pool), cfg, m, testr.NewWithOptions(t, testr.Options{Verbosity: 0}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +232,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 		}
 	}
 	defer func() { AfterCommitHook = nil }()
-	c, err := New(src, pool, cfg, nil, logr.Discard())
+	c, err := New(src, postgres.New(pool), cfg, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +475,7 @@ func TestGracefulStopFinishesTheBatchInFlight(t *testing.T) {
 	cfg.Delivery.InFlight = 1
 	pool, _ := setup(t, cfg)
 	src := newFakeSource(withDuplicates(100, 100))
-	c, err := New(src, pool, cfg, nil, logr.Discard())
+	c, err := New(src, postgres.New(pool), cfg, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}

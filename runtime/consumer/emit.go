@@ -3,11 +3,10 @@ package consumer
 import (
 	"context"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // emitBatch is the outbox rows of one transaction's new records, row i
@@ -46,7 +45,7 @@ func (c *Consumer) prepareEmit(recs []*extract.Message, dls []deadLetter) ([]*ex
 // writeEmit writes, in the claim transaction, the rows of the records the
 // effect applied: every applied record, or with emit.when: Changed on an
 // upsert only those the sequence gate let through (res.Changed).
-func (c *Consumer) writeEmit(ctx context.Context, tx pgx.Tx, b emitBatch, res effect.Result) error {
+func (c *Consumer) writeEmit(ctx context.Context, tx sink.Tx, b emitBatch, res effect.Result) error {
 	if c.emit == nil || len(b.rows) == 0 {
 		return nil
 	}

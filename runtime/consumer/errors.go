@@ -7,7 +7,6 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/sink"
-	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // failureKind is what a failed transaction says, and so what the loop does
@@ -62,13 +61,17 @@ var SinkReasons = []string{
 }
 
 // classify says what a failed transaction means (see failureKind); reason
-// is set for failureSink. The SQLSTATE table is the PostgreSQL dialect's
-// (runtime/sink/postgres.Classify).
-func classify(err error) (failureKind, string) {
+// is set for failureSink. The table is the sink database's dialect's
+// (SQLSTATE on PostgreSQL, error numbers on MySQL: sink.DB.Classify).
+func (c *Consumer) classify(err error) (failureKind, string) {
+	return classifyWith(c.db, err)
+}
+
+func classifyWith(db sink.DB, err error) (failureKind, string) {
 	if inbox.IsLost(err) {
 		return failureSink, SinkInboxLost
 	}
-	return postgres.Classify(err)
+	return db.Classify(err)
 }
 
 // backoff returns the wait before retry number n (1-based): exponential from

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // The one table of how SQLSTATEs are treated, checked code by code.
@@ -53,7 +55,7 @@ func TestClassifySQLState(t *testing.T) {
 		t.Run(tc.code, func(t *testing.T) {
 			wrapped := fmt.Errorf("while committing a batch of 3 records: %w",
 				fmt.Errorf("while appending 3 rows: %w", &pgconn.PgError{Code: tc.code, Message: tc.what}))
-			kind, reason := classify(wrapped)
+			kind, reason := classifyWith(postgres.DB{}, wrapped)
 			if kind != tc.kind || reason != tc.reason {
 				t.Errorf("%s (%s): kind %d reason %q, want kind %d reason %q", tc.code, tc.what, kind, reason, tc.kind, tc.reason)
 			}
@@ -71,10 +73,10 @@ func TestClassifySQLState(t *testing.T) {
 }
 
 func TestClassifyNonDatabaseErrors(t *testing.T) {
-	if kind, _ := classify(fmt.Errorf("while beginning: %w", pgconn.ErrConnClosed)); kind != failureUnavailable {
+	if kind, _ := classifyWith(postgres.DB{}, fmt.Errorf("while beginning: %w", pgconn.ErrConnClosed)); kind != failureUnavailable {
 		t.Errorf("a closed connection is kind %d, want unavailable", kind)
 	}
-	if kind, _ := classify(errors.New("column n: value missing")); kind != failureMessages {
+	if kind, _ := classifyWith(postgres.DB{}, errors.New("column n: value missing")); kind != failureMessages {
 		t.Errorf("a plain error is kind %d, want messages", kind)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
@@ -19,7 +20,7 @@ func TestSplitKeepsKeysOnOneLaneInOrder(t *testing.T) {
 	cfg := testConfig(t, config.LayoutTable)
 	cfg.Message.Entity = &config.Entity{Key: config.Extractor{JSONPath: "$.k"}, Sequence: config.Extractor{JSONPath: "$.n"}}
 	cfg.Delivery.InFlight = 4
-	c, err := New(newFakeSource(nil), nil, cfg, nil, logr.Discard())
+	c, err := New(newFakeSource(nil), postgres.DB{}, cfg, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestSplitKeepsKeysOnOneLaneInOrder(t *testing.T) {
 // turns an id already in the batch into a duplicate (applied once).
 func TestJoinTreatsRepeatedIdsAsDuplicates(t *testing.T) {
 	cfg := testConfig(t, config.LayoutTable)
-	c, err := New(newFakeSource(nil), nil, cfg, nil, logr.Discard())
+	c, err := New(newFakeSource(nil), postgres.DB{}, cfg, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,20 +5,18 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
-// claimOnly is the in-transaction step of a non-transactional effect: the
-// call already happened, so the transaction only claims and dead-letters.
+// claimOnly is the in-transaction step of the http effect: the call already
+// happened (inline) or leaves through the outbox, so the transaction only
+// claims, writes outbox rows and dead-letters.
 type claimOnly struct{}
 
-func (claimOnly) Transactional() bool { return true }
-
-func (claimOnly) Apply(_ context.Context, _ pgx.Tx, recs []*effect.Record) (effect.Result, error) {
+func (claimOnly) Apply(_ context.Context, _ sink.Tx, recs []*effect.Record) (effect.Result, error) {
 	return effect.Result{Applied: len(recs)}, nil
 }
 
@@ -36,7 +34,7 @@ func (c *Consumer) settleOutside(work, stop context.Context, recs []*extract.Mes
 		if err != nil {
 			return err
 		}
-		res, err := c.effect.Apply(work, nil, todo)
+		res, err := c.outside.Apply(work, nil, todo)
 		if err != nil {
 			// Per-call problems come back in res; an error here is about
 			// the effect as a whole, so treat it like an outage.
@@ -72,7 +70,7 @@ func (c *Consumer) notYetDone(work, stop context.Context, recs []*extract.Messag
 		ids[i] = m.ID
 	}
 	for n := 1; ; n++ {
-		done, err := c.store.Existing(work, c.pool, ids)
+		done, err := c.store.Existing(work, ids)
 		if err == nil {
 			todo := make([]*extract.Message, 0, len(recs))
 			for _, m := range recs {

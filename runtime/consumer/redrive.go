@@ -3,9 +3,8 @@ package consumer
 import (
 	"context"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
@@ -41,7 +40,7 @@ type Settlement struct {
 // message leaves it unclaimed (OutcomeStillFailing). An error is a failed
 // statement: tx is aborted; FaultOfMessage says whether the message is to
 // blame.
-func (c *Consumer) SettleOne(ctx context.Context, tx pgx.Tx, sm source.Message) (Settlement, error) {
+func (c *Consumer) SettleOne(ctx context.Context, tx sink.Tx, sm source.Message) (Settlement, error) {
 	m := extract.NewMessage(sm)
 	id, err := c.id.Text(m)
 	if err == nil {
@@ -90,10 +89,10 @@ const (
 	FaultSink
 )
 
-// FaultOf classifies err like the loop does; reason is the sink reason for
-// FaultSink.
-func FaultOf(err error) (Fault, string) {
-	switch kind, reason := classify(err); kind {
+// FaultOf classifies err, from a transaction of this consumer's sink
+// database, like the loop does; reason is the sink reason for FaultSink.
+func (c *Consumer) FaultOf(err error) (Fault, string) {
+	switch kind, reason := c.classify(err); kind {
 	case failureData:
 		return FaultData, ""
 	case failureUnavailable:

@@ -37,9 +37,14 @@ func IsNewerSchema(err error) bool {
 
 // CheckKnownVersion returns a *NewerSchemaError when version (as
 // SchemaVersion(ctx) read it) is newer than this binary's SchemaVersion.
-func (s *Store) CheckKnownVersion(version int) error {
+func (s *Store) CheckKnownVersion(version int) error { return CheckKnownVersion(s.names, version) }
+
+// CheckKnownVersion returns a *NewerSchemaError when the recorded version of
+// the inbox named n is newer than this binary's SchemaVersion (both
+// dialects).
+func CheckKnownVersion(n Names, version int) error {
 	if version > SchemaVersion {
-		return &NewerSchemaError{Inbox: s.names.Schema + "." + s.names.Inbox, Recorded: version, Known: SchemaVersion}
+		return &NewerSchemaError{Inbox: n.Schema + "." + n.Inbox, Recorded: version, Known: SchemaVersion}
 	}
 	return nil
 }

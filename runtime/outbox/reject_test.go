@@ -17,6 +17,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // An event larger than the server's max_payload can never be published: it
@@ -58,7 +59,7 @@ func TestRelayDeadLettersRejectedEvent(t *testing.T) {
 	}
 	defer pub.Close()
 	metrics, _ := NewMetrics(prometheus.NewRegistry())
-	r := &Relay{Store: store, Pool: pool, Publisher: pub, Metrics: metrics, Log: logr.Discard(), BatchSize: 10, Workers: 1}
+	r := &Relay{Store: postgres.Wrap(pool, store), DB: postgres.New(pool), Publisher: pub, Metrics: metrics, Log: logr.Discard(), BatchSize: 10, Workers: 1}
 	for range 3 { // one pass per batch: e1 then the rejection, then e3
 		if _, err := r.RelayShard(ctx, 5); err != nil {
 			t.Fatal(err)

@@ -8,12 +8,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // Publisher sends events to the emit target with their EventID as the
@@ -29,8 +28,9 @@ type Publisher interface {
 // work shard by shard (a shard is published by one relay at a time, in id
 // order, which keeps the order of one entity key).
 type Relay struct {
-	Store     *inbox.Store
-	Pool      *pgxpool.Pool
+	// Store is the inbox whose outbox is relayed, DB its sink database.
+	Store     sink.Inbox
+	DB        sink.DB
 	Publisher Publisher
 	Metrics   *Metrics
 	Log       logr.Logger
@@ -189,7 +189,7 @@ func (b *shardBackoffs) succeeded(shard int) {
 // shard keeps going. It returns how many rows it marked sent (0 when another
 // relay owns the shard).
 func (r *Relay) RelayShard(ctx context.Context, shard int) (int, error) {
-	tx, err := r.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := r.DB.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("while beginning the relay transaction: %w", err)
 	}
@@ -277,7 +277,7 @@ func (r *Relay) publish(ctx context.Context, events []inbox.PendingEvent) []erro
 // (the target answered): a target that is down delays events but never
 // dead-letters them, as with the inline http effect. It returns the first
 // failure that is left to retry.
-func (r *Relay) settleFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error, dead *[]string) (retry, err error) {
+func (r *Relay) settleFailures(ctx context.Context, tx sink.Tx, events []inbox.PendingEvent, results []error, dead *[]string) (retry, err error) {
 	f := classifyFailures(results)
 	for _, i := range f.rejected {
 		if err := r.deadLetter(ctx, tx, events[i], results[i], dead); err != nil {
@@ -329,7 +329,7 @@ func classifyFailures(results []error) failures {
 // reason recorded is the first's, which is what an operator reading
 // last_error needs) and, for counted failures, dead-letters the events that
 // reached MaxAttempts.
-func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.PendingEvent, results []error, idx []int, counted bool, dead *[]string) error {
+func (r *Relay) noteFailures(ctx context.Context, tx sink.Tx, events []inbox.PendingEvent, results []error, idx []int, counted bool, dead *[]string) error {
 	if len(idx) == 0 {
 		return nil
 	}
@@ -355,7 +355,7 @@ func (r *Relay) noteFailures(ctx context.Context, tx pgx.Tx, events []inbox.Pend
 
 // deadLetter moves e to the dead letters in tx and appends its class to
 // dead (counted once tx commits).
-func (r *Relay) deadLetter(ctx context.Context, tx pgx.Tx, e inbox.PendingEvent, reason error, dead *[]string) error {
+func (r *Relay) deadLetter(ctx context.Context, tx sink.Tx, e inbox.PendingEvent, reason error, dead *[]string) error {
 	class := r.DeadLetterClass
 	if class == "" {
 		class = inbox.OutboxRejectedClass

@@ -15,6 +15,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // BenchmarkRelayJetStream drains 20,000 outbox rows (1,000 entity keys)
@@ -67,7 +68,7 @@ func benchDrain(b *testing.B, workers, rows int) {
 	}
 	defer pub.Close()
 	metrics, _ := NewMetrics(prometheus.NewRegistry())
-	r := &Relay{Store: store, Pool: pool, Publisher: pub, Metrics: metrics, Log: logr.Discard(),
+	r := &Relay{Store: postgres.Wrap(pool, store), DB: postgres.New(pool), Publisher: pub, Metrics: metrics, Log: logr.Discard(),
 		BatchSize: 500, Workers: workers, Poll: 10 * time.Millisecond,
 		BackoffInitial: 10 * time.Millisecond, BackoffMax: time.Second}
 	runCtx, cancel := context.WithCancel(ctx)

@@ -22,13 +22,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-dev/idc-operator/internal/pause"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/consumer"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 )
 
@@ -92,8 +91,8 @@ func (r *Result) count(outcome string) {
 
 // Redriver redrives the dead letters of one inbox.
 type Redriver struct {
-	pool     *pgxpool.Pool
-	store    *inbox.Store
+	db       sink.DB
+	store    sink.Inbox
 	settler  *consumer.Consumer
 	delivery config.Delivery
 	log      logr.Logger
@@ -103,21 +102,21 @@ type Redriver struct {
 }
 
 // New builds a redriver from the same config the consumer runs with.
-func New(pool *pgxpool.Pool, cfg *config.Config, log logr.Logger) (*Redriver, error) {
-	store, err := inbox.ForConfig(pool, cfg, inbox.WithRedrives())
+func New(db sink.DB, cfg *config.Config, log logr.Logger) (*Redriver, error) {
+	store, err := sink.InboxFor(db, cfg, inbox.WithRedrives())
 	if err != nil {
 		return nil, err
 	}
-	settler, err := consumer.New(nil, pool, cfg, nil, log)
+	settler, err := consumer.New(nil, db, cfg, nil, log)
 	if err != nil {
 		return nil, err
 	}
-	return &Redriver{pool: pool, store: store, settler: settler, delivery: cfg.Delivery, log: log,
+	return &Redriver{db: db, store: store, settler: settler, delivery: cfg.Delivery, log: log,
 		transactional: cfg.Sink.Effect.HTTP == nil || cfg.UsesOutbox()}, nil
 }
 
 // Store is the inbox the redriver works on.
-func (r *Redriver) Store() *inbox.Store { return r.store }
+func (r *Redriver) Store() sink.Inbox { return r.store }
 
 // Run redrives every row opts select, one transaction each, oldest first.
 func (r *Redriver) Run(ctx context.Context, opts Options) (Result, error) {
@@ -130,7 +129,7 @@ func (r *Redriver) Run(ctx context.Context, opts Options) (Result, error) {
 	if err := r.store.Migrate(ctx); err != nil {
 		return res, err
 	}
-	ids, err := r.store.SelectDeadLetters(ctx, r.pool, opts.Filter)
+	ids, err := r.store.SelectDeadLetters(ctx, opts.Filter)
 	if err != nil {
 		return res, err
 	}
@@ -169,7 +168,7 @@ func (r *Redriver) one(ctx context.Context, opts Options, id int64) (string, err
 			return "", fmt.Errorf("while redriving dead letter %d: %w", id, ctx.Err())
 		}
 		var wait time.Duration
-		switch fault, reason := consumer.FaultOf(err); fault {
+		switch fault, reason := r.settler.FaultOf(err); fault {
 		case consumer.FaultSink:
 			return "", fmt.Errorf("%w (sink %s; dead letter %d left as it was): %w", ErrNotTheMessage, reason, id, err)
 		case consumer.FaultUnavailable:
@@ -202,7 +201,7 @@ func (r *Redriver) backoff(n int) time.Duration {
 // duplicate, stale) or record its new failure, and log the outcome.
 func (r *Redriver) settle(ctx context.Context, opts Options, id int64) (string, error) {
 	var outcome string
-	err := r.inTx(ctx, opts.DryRun, func(tx pgx.Tx) error {
+	err := r.inTx(ctx, opts.DryRun, func(tx sink.Tx) error {
 		d, err := r.store.LockDeadLetter(ctx, tx, id)
 		if err != nil || d == nil {
 			outcome = outcomeSkipped
@@ -256,7 +255,7 @@ func (r *Redriver) failAgain(ctx context.Context, opts Options, id int64, cause 
 	reason, class := consumer.ReasonForDatabaseError(cause)
 	r.log.Error(cause, "Redriven message failed again; it stays dead-lettered", "deadLetter", id)
 	outcome := outcomeSkipped
-	err := r.inTx(ctx, opts.DryRun, func(tx pgx.Tx) error {
+	err := r.inTx(ctx, opts.DryRun, func(tx sink.Tx) error {
 		d, err := r.store.LockDeadLetter(ctx, tx, id)
 		if err != nil || d == nil {
 			return err
@@ -276,10 +275,10 @@ func (r *Redriver) failAgain(ctx context.Context, opts Options, id int64, cause 
 
 // inTx runs fn in a READ COMMITTED transaction (what the partitioned claim
 // needs) and commits it, or rolls it back for a dry run.
-func (r *Redriver) inTx(ctx context.Context, dryRun bool, fn func(pgx.Tx) error) error {
-	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+func (r *Redriver) inTx(ctx context.Context, dryRun bool, fn func(sink.Tx) error) error {
+	tx, err := r.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("while beginning: %w", err)
+		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // a no-op after a commit
 	if err := fn(tx); err != nil {

@@ -15,6 +15,8 @@ import (
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 func upsertConfig(layout config.Layout) *config.Config {
@@ -35,7 +37,7 @@ func upsertConfig(layout config.Layout) *config.Config {
 
 type fixture struct {
 	pool  *pgxpool.Pool
-	store *inbox.Store
+	store sink.Inbox
 	r     *Redriver
 }
 
@@ -46,7 +48,7 @@ func newFixture(t *testing.T, layout config.Layout) *fixture {
 	pgtest.Exec(t, pool, "CREATE SCHEMA app",
 		`CREATE TABLE app.orders (order_id text PRIMARY KEY, status text NOT NULL CHECK (status <> 'bad'), version int NOT NULL)`,
 		`INSERT INTO app.orders VALUES ('o1', 'shipped', 5)`)
-	r, err := New(pool, cfg, logr.Discard())
+	r, err := New(postgres.New(pool), cfg, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +181,7 @@ func TestRedriveFilters(t *testing.T) {
 		{"until the future", inbox.DeadLetterFilter{Until: time.Now().Add(time.Hour)}, 5},
 	}
 	for _, tc := range cases {
-		ids, err := f.store.SelectDeadLetters(ctx, f.pool, tc.filter)
+		ids, err := f.store.SelectDeadLetters(ctx, tc.filter)
 		if err != nil || len(ids) != tc.want {
 			t.Errorf("%s: %d rows, %v; want %d", tc.name, len(ids), err, tc.want)
 		}

@@ -60,6 +60,13 @@ func Adopt(current *Applied, derived Result, now time.Time) (next Applied, pendi
 	return next, true
 }
 
+// WindowStore keeps the adopted window beside the data: the inbox of
+// either sink database (runtime/sink.Inbox; *inbox.Store is one).
+type WindowStore interface {
+	ReadWindow(ctx context.Context) (*inbox.WindowState, error)
+	UpdateWindow(ctx context.Context, fn func(current *inbox.WindowState) (*inbox.WindowState, error)) (*inbox.WindowState, error)
+}
+
 // AdoptStored is Adopt on the state kept in the inbox database, the one
 // function through which the controller and the prune job adopt a window.
 // Inside one transaction it rebuilds the Applied from the stored row (none
@@ -69,7 +76,7 @@ func Adopt(current *Applied, derived Result, now time.Time) (next Applied, pendi
 // changed. A derived Result without a window (Window <= 0) changes nothing:
 // the stored state is returned as it is. pendingShrink is true while a
 // smaller window waits.
-func AdoptStored(ctx context.Context, store *inbox.Store, derived Result, now time.Time) (next Applied, pendingShrink bool, err error) {
+func AdoptStored(ctx context.Context, store WindowStore, derived Result, now time.Time) (next Applied, pendingShrink bool, err error) {
 	// The row keeps whole milliseconds and microsecond timestamps. Adopting
 	// at that precision keeps a re-read row equal to what was adopted: a
 	// window of 49h+0.3ms stored as 49h+1ms would otherwise look like a
@@ -103,7 +110,7 @@ func AdoptStored(ctx context.Context, store *inbox.Store, derived Result, now ti
 
 // StoredApplied reads the stored window state without changing it (for when
 // the broker cannot be read): nil when none is stored yet.
-func StoredApplied(ctx context.Context, store *inbox.Store) (*Applied, error) {
+func StoredApplied(ctx context.Context, store WindowStore) (*Applied, error) {
 	st, err := store.ReadWindow(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("while reading the stored retention window: %w", err)

@@ -335,6 +335,24 @@ type Effect interface {
 	Apply(ctx context.Context, tx Tx, recs []*effect.Record) (effect.Result, error)
 }
 
+// ChangeTracker is an Effect that can report which records changed state
+// (Result.Changed), for emit.when: Changed. TrackChanges turns that on and
+// says whether the effect can (an upsert can; append and sql cannot).
+type ChangeTracker interface{ TrackChanges() bool }
+
+// TrackChanges turns change tracking on where e has it.
+func TrackChanges(e Effect) bool {
+	t, ok := e.(ChangeTracker)
+	return ok && t.TrackChanges()
+}
+
+// InboxFor is the inbox a runtime config names, as its loop, prune and
+// redrive open it: with the outbox when spec.emit (or the http outbox)
+// uses one, claiming only into the epoch the controller provisioned.
+func InboxFor(db DB, cfg *config.Config, opts ...inbox.Option) (Inbox, error) {
+	return db.Inbox(cfg.Sink, append([]inbox.Option{inbox.WithOutbox(cfg.UsesOutbox()), inbox.WithExpectedEpoch(cfg.Sink.InboxEpoch)}, opts...)...)
+}
+
 // ErrForeignTx is returned when an Inbox or Effect is handed a Tx another
 // dialect opened.
 var ErrForeignTx = errors.New("the transaction was not opened by this sink database")

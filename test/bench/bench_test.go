@@ -26,6 +26,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/effect"
 	"github.com/idempotency-dev/idc-operator/runtime/extract"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	jsadapter "github.com/idempotency-dev/idc-operator/runtime/source/jetstream"
 )
@@ -265,7 +266,7 @@ func (e *env) runBatched(b *testing.B, durable string, limit int) result {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := consumer.New(src, e.pool, cfg, metrics, logr.Discard())
+	c, err := consumer.New(src, postgres.New(e.pool), cfg, metrics, logr.Discard())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/outbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // stageB's duplicate window is short, so the events a killed relay published
@@ -251,7 +252,7 @@ func startRelay(t *testing.T, cfg *config.Config, db *database, afterPublish fun
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &outbox.Relay{Store: store, Pool: pool, Publisher: pub, Metrics: metrics, Log: testLogger(t),
+	r := &outbox.Relay{Store: postgres.Wrap(pool, store), DB: postgres.New(pool), Publisher: pub, Metrics: metrics, Log: testLogger(t),
 		BatchSize: 50, Workers: 2, Poll: 50 * time.Millisecond,
 		BackoffInitial: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond, AfterPublish: afterPublish}
 	ctx, cancel := context.WithCancel(context.Background())

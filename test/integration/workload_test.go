@@ -19,6 +19,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/consumer"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	"github.com/idempotency-dev/idc-operator/runtime/source/open"
 )
@@ -201,7 +202,7 @@ func startRunner(t *testing.T, cfg *config.Config, db *database, name string) *r
 		t.Fatal(err)
 	}
 	r := &runner{name: name, src: &recordingSource{Source: src, delivered: map[string]int{}}, metrics: metrics, done: make(chan any, 1)}
-	c, err := consumer.New(r.src, pool, cfg, metrics, log)
+	c, err := consumer.New(r.src, postgres.New(pool), cfg, metrics, log)
 	if err != nil {
 		t.Fatal(err)
 	}

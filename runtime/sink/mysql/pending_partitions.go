@@ -19,7 +19,9 @@ func (s *Inbox) MarkRestored(context.Context, string) error { return sink.ErrUns
 
 func (s *Inbox) DropOwned(context.Context, inbox.Owner) error { return sink.ErrUnsupported }
 
-func (s *Inbox) Stats(context.Context) (inbox.Stats, error) { return inbox.Stats{}, sink.ErrUnsupported }
+func (s *Inbox) Stats(context.Context) (inbox.Stats, error) {
+	return inbox.Stats{}, sink.ErrUnsupported
+}
 
 // EnsurePartitions is a no-op in the Table layout, the only one so far.
 func (s *Inbox) EnsurePartitions(context.Context, time.Time, int) error { return nil }

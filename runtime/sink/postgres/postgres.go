@@ -76,6 +76,9 @@ func (e Effect) Apply(ctx context.Context, tx sink.Tx, recs []*effect.Record) (e
 	return e.Effect.Apply(ctx, ptx, recs)
 }
 
+// TrackChanges turns on emit.when: Changed's tracking (sink.ChangeTracker).
+func (e Effect) TrackChanges() bool { return effect.TrackChanges(e.Effect) }
+
 // Inbox is an *inbox.Store behind the seam: the Store's methods whose
 // signatures are the seam's are promoted as they are; the ones below assert
 // the Tx back to pgx.Tx, or pass the pool where the Store takes a Querier.
@@ -85,6 +88,10 @@ type Inbox struct {
 }
 
 var _ sink.Inbox = Inbox{}
+
+// Wrap puts a Store opened on pool behind the seam (for callers, tests
+// among them, that open the Store with their own options).
+func Wrap(pool *pgxpool.Pool, st *inbox.Store) Inbox { return Inbox{Store: st, pool: pool} }
 
 // pgTx is tx as the pgx.Tx it is.
 func pgTx(tx sink.Tx) (pgx.Tx, error) {
