@@ -56,6 +56,11 @@ func Run(t *testing.T, h Harness) {
 	t.Run("StoredWindow", func(t *testing.T) { window(t, h) })
 	t.Run("NoWindowBeforeMigrate", func(t *testing.T) { windowBeforeMigrate(t, h) })
 	t.Run("PruneConcurrentWithClaims", func(t *testing.T) { prune(t, h) })
+	// Identity, stats, the Partitioned layout, least privilege (h2-myparts).
+	t.Run("Identity", func(t *testing.T) { identity(t, h) })
+	t.Run("Stats", func(t *testing.T) { stats(t, h) })
+	t.Run("PartitionedClaimsOncePerID", func(t *testing.T) { partitionedClaims(t, h) })
+	t.Run("PrunePartitionsConcurrentWithClaims", func(t *testing.T) { prunePartitioned(t, h) })
 }
 
 const inboxTable = "inbox_conformance"
