@@ -24,8 +24,8 @@ import (
 // itself (PrunePartitions' LOCK TABLES), and Advice is "" for them.
 
 var (
-	tableDeniedRE  = regexp.MustCompile("^([A-Z][A-Z ,]*?) command denied to user '[^']*'@'[^']*' for table [`']([^`']+)[`'](?:\\.[`']([^`']+)[`'])?")
-	columnDeniedRE = regexp.MustCompile("^([A-Z][A-Z ,]*?) command denied to user '[^']*'@'[^']*' for column [`']([^`']+)[`'] in table [`']([^`']+)[`']")
+	tableDeniedRE  = regexp.MustCompile("^([A-Z][A-Z ,]*?) command denied to user '(?:[^']|'')*'@'[^']*' for table [`']([^`']+)[`'](?:\\.[`']([^`']+)[`'])?")
+	columnDeniedRE = regexp.MustCompile("^([A-Z][A-Z ,]*?) command denied to user '(?:[^']|'')*'@'[^']*' for column [`']([^`']+)[`'] in table [`']([^`']+)[`']")
 )
 
 // Advice is the GRANT statement that gives account ("user@host", as
@@ -90,7 +90,9 @@ type PrivilegeError struct {
 	Grant string
 }
 
-func (e *PrivilegeError) Error() string { return e.Err.Error() + " (to grant it, run: " + e.Grant + ")" }
+func (e *PrivilegeError) Error() string {
+	return e.Err.Error() + " (to grant it, run: " + e.Grant + ")"
+}
 func (e *PrivilegeError) Unwrap() error { return e.Err }
 
 // WithAdvice wraps a privilege error in a *PrivilegeError naming the GRANT

@@ -22,6 +22,7 @@ type Inbox struct {
 	opts  inbox.Options
 
 	inbox, deadLetters, pruneRuns, idConflicts, meta, progress, window string // quoted, qualified
+
 	layout config.Layout
 	// claimLocks is the Partitioned layout's claim-lock table (partitions.go).
 	claimLocks string
@@ -76,7 +77,8 @@ func (s *Inbox) name() string { return s.names.Schema + "." + s.names.Inbox }
 
 // tablesDDL creates every table but the meta table, each idempotent.
 func (s *Inbox) tablesDDL() []string {
-	return append(s.inboxDDL(), // the inbox table (and its claim locks when Partitioned)
+	// The inbox table (and its claim locks when Partitioned) first.
+	return append(s.inboxDDL(), []string{
 		`CREATE TABLE IF NOT EXISTS ` + s.idConflicts + ` (
 			id                   BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
 			message_id           VARBINARY(1024) NOT NULL,
@@ -137,7 +139,7 @@ func (s *Inbox) tablesDDL() []string {
 			pending_since      DATETIME(6) NULL,
 			updated_at         DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
 		) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`,
-	)
+	}...)
 }
 
 func (s *Inbox) metaDDL() string {

@@ -61,7 +61,7 @@ type DB struct {
 	db       *sql.DB
 	claim    ClaimStrategy
 	version  string
-	skipLock bool // FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB 10.6+)
+	skipLock bool   // FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB 10.6+)
 	account  string // CURRENT_USER(), for the GRANT a privilege error names (advice.go)
 }
 
