@@ -3,8 +3,8 @@ package mysql_test
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
