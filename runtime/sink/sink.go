@@ -122,10 +122,17 @@
 // with arguments are one round trip on MySQL because the driver
 // interpolates them (no server-side prepare per statement).
 //
+// The Partitioned layout on MySQL (runtime/sink/mysql partitions.go):
+// RANGE COLUMNS partitions by publish day under a MAXVALUE catch-all, the
+// key (message_id, published_on), and the same guarantee as PostgreSQL's
+// claim across partitions through per-id-hash row locks in a slot table
+// (PostgreSQL: transaction advisory locks). Privilege errors name the GRANT
+// to run on both (mysql.Advice, postgres.Advice), and each dialect lists
+// its runtime's least-privilege grants (RuntimeGrants; docs/mysql.md).
+//
 // Not in the seam yet (later slices of issue 35): the outbox, relay and
-// redrive; the Partitioned layout; the sql effect's named parameters; the
-// controller's preflight and sinkdb; Stats, Existing, the id conflicts and
-// the dead-letter listing. The consumer loop, the prune job and the
+// redrive; the sql effect's named parameters; the controller's preflight
+// and sinkdb; Existing, the id conflicts and the dead-letter listing. The consumer loop, the prune job and the
 // controller still call runtime/inbox and runtime/effect directly.
 package sink
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
@@ -35,6 +36,10 @@ func (s *Inbox) Claim(ctx context.Context, tx sink.Tx, claims []inbox.Claim) (ma
 			return nil, fmt.Errorf("while claiming: message id of %d bytes is longer than the inbox column's %d", len(id), maxIDBytes)
 		}
 	}
+	if s.layout == config.LayoutPartitioned {
+		fresh, err := s.claimPartitioned(ctx, t, claims, ids, fps)
+		return fresh, s.d.WithAdvice(err, s.names.Schema)
+	}
 	args := make([]any, 0, 2*len(ids))
 	for i, id := range ids {
 		var fp any
@@ -43,10 +48,13 @@ func (s *Inbox) Claim(ctx context.Context, tx sink.Tx, claims []inbox.Claim) (ma
 		}
 		args = append(args, idArg(id), fp)
 	}
+	var fresh map[string]struct{}
 	if s.d.claim == ClaimReturning {
-		return s.claimReturning(ctx, t, ids, args)
+		fresh, err = s.claimReturning(ctx, t, ids, args)
+	} else {
+		fresh, err = s.claimCount(ctx, t, ids, args)
 	}
-	return s.claimCount(ctx, t, ids, args)
+	return fresh, s.d.WithAdvice(err, s.names.Schema)
 }
 
 func (s *Inbox) claimReturning(ctx context.Context, t *sql.Tx, ids []string, args []any) (map[string]struct{}, error) {
@@ -163,7 +171,8 @@ func (s *Inbox) Unclaim(ctx context.Context, tx sink.Tx, ids []string) error {
 // DeadLetter inserts the rows in tx, one per broker native id: the native
 // ids already there are read first (dead letters are the rare path), the
 // rest inserted in one statement.
-func (s *Inbox) DeadLetter(ctx context.Context, tx sink.Tx, dls []inbox.DeadLetter) ([]bool, error) {
+func (s *Inbox) DeadLetter(ctx context.Context, tx sink.Tx, dls []inbox.DeadLetter) (_ []bool, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if len(dls) == 0 {
 		return nil, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"time"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
@@ -21,6 +22,11 @@ type Inbox struct {
 	opts  inbox.Options
 
 	inbox, deadLetters, pruneRuns, idConflicts, meta, progress, window string // quoted, qualified
+
+	layout config.Layout
+	// claimLocks is the Partitioned layout's claim-lock table (partitions.go).
+	claimLocks string
+	days       dayCache
 	// lockName is this inbox's GET_LOCK name for migrations (at most 64
 	// characters).
 	lockName string
@@ -29,10 +35,10 @@ type Inbox struct {
 var _ sink.Inbox = (*Inbox)(nil)
 
 // NewInbox returns the inbox the sink config describes; sink.Schema is the
-// database. Only the Table layout runs on MySQL so far.
+// database. Both layouts run (Partitioned: partitions.go).
 func NewInbox(d *DB, s config.Sink, opts ...inbox.Option) (*Inbox, error) {
-	if s.Layout != config.LayoutTable {
-		return nil, fmt.Errorf("while opening inbox: %w: layout %q (only Table runs on MySQL so far)", sink.ErrUnsupported, s.Layout)
+	if s.Layout != config.LayoutTable && s.Layout != config.LayoutPartitioned {
+		return nil, fmt.Errorf("while opening inbox: %w: layout %q", sink.ErrUnsupported, s.Layout)
 	}
 	n := inbox.NamesForMax(s, MaxIdentifier)
 	for _, name := range append([]string{n.Schema}, n.Tables()...) {
@@ -52,6 +58,7 @@ func NewInbox(d *DB, s config.Sink, opts ...inbox.Option) (*Inbox, error) {
 		d: d, names: n, opts: o,
 		inbox: q(n.Inbox), deadLetters: q(n.DeadLetters), pruneRuns: q(n.PruneRuns), idConflicts: q(n.IDConflicts),
 		meta: q(n.Meta), progress: q(n.Progress), window: q(n.Window),
+		layout: s.Layout, claimLocks: q(claimLocksName(n)), days: dayCache{known: map[time.Time]bool{}},
 		lockName: fmt.Sprintf("idc-inbox:%08x", crc32.ChecksumIEEE([]byte(n.Schema+"."+n.Inbox))),
 	}, nil
 }
@@ -63,20 +70,15 @@ func (s *Inbox) Names() inbox.Names { return s.names }
 func (s *Inbox) QualifiedInbox() string { return s.inbox }
 
 // Layout is the inbox's layout.
-func (s *Inbox) Layout() config.Layout { return config.LayoutTable }
+func (s *Inbox) Layout() config.Layout { return s.layout }
 
 // name is the inbox as errors name it.
 func (s *Inbox) name() string { return s.names.Schema + "." + s.names.Inbox }
 
 // tablesDDL creates every table but the meta table, each idempotent.
 func (s *Inbox) tablesDDL() []string {
-	return []string{
-		`CREATE TABLE IF NOT EXISTS ` + s.inbox + ` (
-			message_id   VARBINARY(1024) NOT NULL PRIMARY KEY,
-			processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-			fingerprint  BIGINT NULL,
-			KEY ` + quote(inbox.DerivedNameMax(s.names.Inbox, "_processed_at_idx", MaxIdentifier)) + ` (processed_at)
-		) ENGINE=InnoDB`,
+	// The inbox table (and its claim locks when Partitioned) first.
+	return append(s.inboxDDL(), []string{
 		`CREATE TABLE IF NOT EXISTS ` + s.idConflicts + ` (
 			id                   BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
 			message_id           VARBINARY(1024) NOT NULL,
@@ -137,7 +139,7 @@ func (s *Inbox) tablesDDL() []string {
 			pending_since      DATETIME(6) NULL,
 			updated_at         DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
 		) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`,
-	}
+	}...)
 }
 
 func (s *Inbox) metaDDL() string {
@@ -179,9 +181,10 @@ func (s *Inbox) Migrate(ctx context.Context) error {
 // leaves tables the next pass finds and a meta row it writes then. The
 // identity decisions (lost, another owner's, a new epoch) are
 // inbox.State's, shared with PostgreSQL.
-func (s *Inbox) MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (inbox.Identity, error) {
+func (s *Inbox) MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (_ inbox.Identity, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	var id inbox.Identity
-	err := s.withLock(ctx, func(conn *sql.Conn) error {
+	err = s.withLock(ctx, func(conn *sql.Conn) error {
 		st, err := s.readState(ctx, conn)
 		if err != nil {
 			return err
@@ -189,8 +192,8 @@ func (s *Inbox) MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (inbox.Iden
 		if err := st.Refusal(s.name(), s.opts.Epoch, c); err != nil {
 			return err
 		}
-		if st.HasMeta && st.Version > 0 && st.Layout != string(config.LayoutTable) {
-			return fmt.Errorf("inbox exists with layout %s, config asks for %s: the layout cannot change in place", st.Layout, config.LayoutTable)
+		if st.HasMeta && st.Version > 0 && st.Layout != string(s.layout) {
+			return fmt.Errorf("inbox exists with layout %s, config asks for %s: the layout cannot change in place", st.Layout, s.layout)
 		}
 		if st.Version > inbox.SchemaVersion {
 			return fmt.Errorf("inbox schema version %d is newer than this runtime's %d", st.Version, inbox.SchemaVersion)
@@ -205,10 +208,10 @@ func (s *Inbox) MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (inbox.Iden
 			// leaves no row; an older version's row is brought up.
 			if _, err := conn.ExecContext(ctx, `INSERT INTO `+s.meta+` (singleton, schema_version, layout) VALUES (1, ?, ?)
 				ON DUPLICATE KEY UPDATE schema_version = VALUES(schema_version), migrated_at = UTC_TIMESTAMP(6)`,
-				inbox.SchemaVersion, string(config.LayoutTable)); err != nil {
+				inbox.SchemaVersion, string(s.layout)); err != nil {
 				return fmt.Errorf("while recording the schema version: %w", err)
 			}
-			st.HasMeta, st.HasInbox, st.Version, st.Layout = true, true, inbox.SchemaVersion, string(config.LayoutTable)
+			st.HasMeta, st.HasInbox, st.Version, st.Layout = true, true, inbox.SchemaVersion, string(s.layout)
 		}
 		if !st.IdentityDone(c) {
 			if err := s.writeIdentity(ctx, conn, &st, c); err != nil {
@@ -233,8 +236,7 @@ func (s *Inbox) writeIdentity(ctx context.Context, conn *sql.Conn, st *inbox.Sta
 		if _, err := conn.ExecContext(ctx, `DELETE FROM `+s.inbox+` WHERE message_id LIKE CONCAT(CHAR(0), 'idc-epoch:%')`); err != nil {
 			return fmt.Errorf("while replacing the epoch marker: %w", err)
 		}
-		if _, err := conn.ExecContext(ctx, `INSERT INTO `+s.inbox+` (message_id, processed_at) VALUES (?, ?)`,
-			[]byte(epochMarker(epoch)), markerTime); err != nil {
+		if _, err := conn.ExecContext(ctx, s.markerInsert(), []byte(epochMarker(epoch)), markerTime); err != nil {
 			return fmt.Errorf("while writing the epoch marker: %w", err)
 		}
 		if _, err := conn.ExecContext(ctx, `UPDATE `+s.meta+` SET epoch = ?`, epoch); err != nil {
@@ -327,7 +329,8 @@ func (s *Inbox) readState(ctx context.Context, q queryer) (inbox.State, error) {
 
 // Verify is the runtime's check that the inbox still holds the epoch it
 // started with (a *inbox.LostError when not).
-func (s *Inbox) Verify(ctx context.Context) error {
+func (s *Inbox) Verify(ctx context.Context) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if s.opts.Epoch == "" {
 		return nil
 	}
@@ -350,7 +353,11 @@ func (s *Inbox) SchemaVersion(ctx context.Context) (int, error) {
 // Drop removes the inbox's tables when its meta row marks them as the
 // operator's (inbox.ErrNotOperatorInbox otherwise); the meta table last, so
 // a crash mid-drop leaves an inbox the next Drop still recognises.
-func (s *Inbox) Drop(ctx context.Context) error {
+func (s *Inbox) Drop(ctx context.Context) error { return s.drop(ctx, nil) }
+
+// drop is Drop; with owner set, only when the meta row (read again under
+// the lock) records owner.
+func (s *Inbox) drop(ctx context.Context, owner *inbox.Owner) error {
 	return s.withLock(ctx, func(conn *sql.Conn) error {
 		st, err := s.readState(ctx, conn)
 		if err != nil {
@@ -362,10 +369,14 @@ func (s *Inbox) Drop(ctx context.Context) error {
 			}
 			return nil
 		}
-		if st.Version < 1 || st.Version > inbox.SchemaVersion || st.Layout != string(config.LayoutTable) {
+		known := st.Layout == string(config.LayoutTable) || st.Layout == string(config.LayoutPartitioned)
+		if st.Version < 1 || st.Version > inbox.SchemaVersion || !known {
 			return fmt.Errorf("while dropping inbox %s: %w: meta row layout %q, schema version %d", s.name(), inbox.ErrNotOperatorInbox, st.Layout, st.Version)
 		}
-		for _, t := range []string{s.inbox, s.deadLetters, s.pruneRuns, s.idConflicts, s.progress, s.window, s.meta} {
+		if owner != nil && st.Owner != *owner {
+			return fmt.Errorf("while dropping inbox %s: %w: it belongs to %s", s.name(), inbox.ErrNotOwner, st.Owner)
+		}
+		for _, t := range []string{s.inbox, s.claimLocks, s.deadLetters, s.pruneRuns, s.idConflicts, s.progress, s.window, s.meta} {
 			if _, err := conn.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
 				return fmt.Errorf("while dropping inbox %s: %w", s.name(), err)
 			}

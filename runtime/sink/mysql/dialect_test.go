@@ -200,8 +200,17 @@ func TestIdentifiers(t *testing.T) {
 			t.Errorf("inbox %q accepted", bad)
 		}
 	}
-	if _, err := d.Inbox(config.Sink{Schema: db, InboxTable: "x", Layout: config.LayoutPartitioned}); !errors.Is(err, sink.ErrUnsupported) {
-		t.Errorf("Partitioned = %v, want ErrUnsupported", err)
+	// Partitioned (its claim-lock table's derived name included) at 64.
+	long2 := strings.Repeat("p", mysql.MaxIdentifier)
+	parts, err := d.Inbox(config.Sink{Schema: db, InboxTable: long2, Layout: config.LayoutPartitioned})
+	if err != nil {
+		t.Fatalf("Partitioned with a 64-character name: %v", err)
+	}
+	if err := parts.Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate Partitioned with 64-character names: %v", err)
+	}
+	if err := parts.EnsurePartitions(context.Background(), time.Now(), 2); err != nil {
+		t.Fatalf("EnsurePartitions with 64-character names: %v", err)
 	}
 }
 

@@ -61,7 +61,8 @@ type DB struct {
 	db       *sql.DB
 	claim    ClaimStrategy
 	version  string
-	skipLock bool // FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB 10.6+)
+	skipLock bool   // FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB 10.6+)
+	account  string // CURRENT_USER(), for the GRANT a privilege error names (advice.go)
 }
 
 var _ sink.DB = (*DB)(nil)
@@ -92,7 +93,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*DB, error) {
 	for _, o := range opts {
 		o(d)
 	}
-	if err := d.db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&d.version); err != nil {
+	if err := d.db.QueryRowContext(ctx, "SELECT VERSION(), CURRENT_USER()").Scan(&d.version, &d.account); err != nil {
 		_ = d.db.Close()
 		return nil, fmt.Errorf("while reading the server version: %w", err)
 	}

@@ -2,7 +2,9 @@ package mysql_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
@@ -10,6 +12,8 @@ import (
 	driver "github.com/go-sql-driver/mysql"
 
 	"github.com/idempotency-dev/idc-operator/internal/mysqltest"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/sink/mysql"
 	"github.com/idempotency-dev/idc-operator/runtime/sink/sinktest"
@@ -75,6 +79,16 @@ func harness(opts ...mysql.Option) sinktest.Harness {
 				exec(t, d, "UPDATE "+q(schema, table)+" SET processed_at = processed_at - INTERVAL ? MICROSECOND WHERE message_id = ?", by.Microseconds(), []byte(id))
 			}
 		},
+		OpenAs: func(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config.Layout, without string) sink.DB {
+			return openAs(t, d, schema, n, layout, without, opts...)
+		},
+		Advice: func(_ sink.DB, err error) string {
+			var pe *mysql.PrivilegeError
+			if errors.As(err, &pe) {
+				return pe.Grant
+			}
+			return ""
+		},
 	}
 }
 
@@ -86,4 +100,44 @@ func TestConformance(t *testing.T) { sinktest.Run(t, harness()) }
 // RETURNING: read, insert, check the count), which MariaDB runs the same.
 func TestConformanceCountingClaim(t *testing.T) {
 	sinktest.Run(t, harness(mysql.WithClaimStrategy(mysql.ClaimCount)))
+}
+
+// openAs creates the login 'idc_rt_<random>'@'%' holding exactly
+// mysql.RuntimeGrants (less without on the inbox table) and opens the
+// database as it; the login is dropped when the test ends.
+func openAs(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config.Layout, without string, opts ...mysql.Option) sink.DB {
+	t.Helper()
+	admin := d.(*mysql.DB).SQL()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	user, password := "idc_rt_"+hex.EncodeToString(b[:4]), hex.EncodeToString(b)
+	c := context.Background()
+	run := func(stmt string) {
+		t.Helper()
+		if _, err := admin.ExecContext(c, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	run("CREATE USER '" + user + "'@'%' IDENTIFIED BY '" + password + "'")
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP USER IF EXISTS '"+user+"'@'%'") })
+	for _, g := range mysql.RuntimeGrants(n, layout, user+"@%") {
+		run(g)
+	}
+	if without != "" {
+		run("REVOKE " + without + " ON `" + schema + "`.`" + n.Inbox + "` FROM '" + user + "'@'%'")
+	}
+	cfg, err := driver.ParseDSN(mysqltest.AdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd, cfg.DBName = user, password, schema
+	rt, err := mysql.Open(c, cfg.FormatDSN(), opts...)
+	if err != nil {
+		t.Fatalf("Open as %s: %v", user, err)
+	}
+	t.Cleanup(rt.Close)
+	if rt.Account() != user+"@%" {
+		t.Fatalf("Account() = %q, want %s@%%", rt.Account(), user)
+	}
+	return rt
 }

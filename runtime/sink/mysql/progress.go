@@ -15,7 +15,8 @@ import (
 
 // WriteHeartbeat upserts the replica's progress row. Ages are the
 // replica's and stored as UTC_TIMESTAMP(6) - age on the database's clock.
-func (s *Inbox) WriteHeartbeat(ctx context.Context, hb inbox.Heartbeat) error {
+func (s *Inbox) WriteHeartbeat(ctx context.Context, hb inbox.Heartbeat) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	positions, err := json.Marshal(orEmpty(hb.Positions))
 	if err != nil {
 		return fmt.Errorf("while encoding progress positions: %w", err)
@@ -57,7 +58,8 @@ func orEmpty(m map[string]int64) map[string]int64 {
 
 // Progress returns the database's clock and every progress row, oldest
 // heartbeat first.
-func (s *Inbox) Progress(ctx context.Context) (time.Time, []inbox.ProgressRecord, error) {
+func (s *Inbox) Progress(ctx context.Context) (_ time.Time, _ []inbox.ProgressRecord, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	now, err := dbNow(ctx, s.d.db)
 	if err != nil {
 		return now, nil, err
@@ -154,7 +156,8 @@ func (s *Inbox) ReadWindow(ctx context.Context) (*inbox.WindowState, error) {
 // UpdateWindow reads the state, passes it to fn and stores what fn
 // returns, in one transaction that holds the meta row's lock: two writers
 // take turns even before the window row exists.
-func (s *Inbox) UpdateWindow(ctx context.Context, fn func(*inbox.WindowState) (*inbox.WindowState, error)) (*inbox.WindowState, error) {
+func (s *Inbox) UpdateWindow(ctx context.Context, fn func(*inbox.WindowState) (*inbox.WindowState, error)) (_ *inbox.WindowState, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	tx, err := s.d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("while updating the window state of inbox %s: %w", s.name(), err)

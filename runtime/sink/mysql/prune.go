@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
@@ -20,9 +21,15 @@ const recordTimeout = 10 * time.Second
 // (rows a claim holds are left for the next run) and deletes those ids, so
 // pruning never waits for a claim and a claim waits at most for one short
 // batch. The run is recorded, failed or not.
-func (s *Inbox) PruneTable(ctx context.Context, b inbox.Bound, batchSize int, maxDuration time.Duration) (inbox.PruneResult, error) {
+func (s *Inbox) PruneTable(ctx context.Context, b inbox.Bound, batchSize int, maxDuration time.Duration) (_ inbox.PruneResult, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if batchSize < 1 {
 		return inbox.PruneResult{}, fmt.Errorf("while pruning: batch size must be positive, got %d", batchSize)
+	}
+	if s.layout == config.LayoutPartitioned {
+		// The ids are unique per publish day only: a Partitioned inbox
+		// drops whole days.
+		return inbox.PruneResult{}, errors.New("while pruning: a Partitioned inbox is pruned with PrunePartitions")
 	}
 	if !s.d.skipLock {
 		return inbox.PruneResult{}, fmt.Errorf("while pruning: server %s has no FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB 10.6+)", s.d.version)

@@ -107,7 +107,11 @@ func (i Inbox) Claim(ctx context.Context, tx sink.Tx, claims []inbox.Claim) (map
 	if !ok {
 		return nil, sink.ErrForeignTx
 	}
-	return i.Store.Claim(ctx, ptx, claims)
+	fresh, err := i.Store.Claim(ctx, ptx, claims)
+	if err != nil {
+		return nil, i.advise(err, "SELECT, INSERT")
+	}
+	return fresh, nil
 }
 
 func (i Inbox) Unclaim(ctx context.Context, tx sink.Tx, ids []string) error {

@@ -2,12 +2,18 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/sink/sinktest"
@@ -55,5 +61,42 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
+		OpenAs: openAs,
+		Advice: func(_ sink.DB, err error) string {
+			var pe *postgres.PrivilegeError
+			if errors.As(err, &pe) {
+				return pe.Grant
+			}
+			return ""
+		},
 	})
+}
+
+// openAs creates a login role holding exactly postgres.RuntimeGrants (less
+// without on the inbox table) and opens the database as it; the role and
+// what it owns are dropped when the test ends.
+func openAs(t *testing.T, db sink.DB, schema string, n inbox.Names, layout config.Layout, without string) sink.DB {
+	t.Helper()
+	admin := pool(db).Pool
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	role := "idc_rt_" + hex.EncodeToString(b)
+	pgtest.Exec(t, admin, "CREATE ROLE "+role+" LOGIN")
+	t.Cleanup(func() {
+		c := context.Background()
+		_, _ = admin.Exec(c, "DROP OWNED BY "+role)
+		_, _ = admin.Exec(c, "DROP ROLE IF EXISTS "+role)
+	})
+	pgtest.Exec(t, admin, postgres.RuntimeGrants(n, layout, role)...)
+	if without != "" {
+		pgtest.Exec(t, admin, "REVOKE "+without+" ON "+pgx.Identifier{schema, n.Inbox}.Sanitize()+" FROM "+role)
+	}
+	cfg := admin.Config().Copy()
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return postgres.New(p)
 }

@@ -34,6 +34,14 @@ type Harness struct {
 	Count func(t *testing.T, db sink.DB, schema, table string) int
 	// Age moves the processed_at of the inbox rows of ids back by d.
 	Age func(t *testing.T, db sink.DB, schema, table string, ids []string, d time.Duration)
+	// OpenAs opens db's database (schema) as a new login holding only the
+	// grants the dialect documents for the runtime on the inbox names in
+	// layout, less the privilege without on the inbox table itself (""
+	// for none); the login is removed when the test ends.
+	OpenAs func(t *testing.T, db sink.DB, schema string, names inbox.Names, layout config.Layout, without string) sink.DB
+	// Advice is the GRANT statement the error err (from db) names, "" for
+	// none.
+	Advice func(db sink.DB, err error) string
 }
 
 // Order is one row of the orders table.
@@ -56,6 +64,12 @@ func Run(t *testing.T, h Harness) {
 	t.Run("StoredWindow", func(t *testing.T) { window(t, h) })
 	t.Run("NoWindowBeforeMigrate", func(t *testing.T) { windowBeforeMigrate(t, h) })
 	t.Run("PruneConcurrentWithClaims", func(t *testing.T) { prune(t, h) })
+	// Identity, stats, the Partitioned layout, least privilege (h2-myparts).
+	t.Run("Identity", func(t *testing.T) { identity(t, h) })
+	t.Run("Stats", func(t *testing.T) { stats(t, h) })
+	t.Run("PartitionedClaimsOncePerID", func(t *testing.T) { partitionedClaims(t, h) })
+	t.Run("PrunePartitionsConcurrentWithClaims", func(t *testing.T) { prunePartitioned(t, h) })
+	t.Run("LeastPrivilege", func(t *testing.T) { leastPrivilege(t, h) })
 }
 
 const inboxTable = "inbox_conformance"
