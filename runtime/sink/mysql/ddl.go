@@ -44,9 +44,6 @@ func NewInbox(d *DB, s config.Sink, opts ...inbox.Option) (*Inbox, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.Outbox || o.Redrives {
-		return nil, fmt.Errorf("while opening inbox: %w: the outbox and redrive tables", sink.ErrUnsupported)
-	}
 	q := func(t string) string { return qualify(n.Schema, t) }
 	return &Inbox{
 		d: d, names: n, opts: o,
@@ -194,6 +191,11 @@ func (s *Inbox) MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (inbox.Iden
 		}
 		if st.Version > inbox.SchemaVersion {
 			return fmt.Errorf("inbox schema version %d is newer than this runtime's %d", st.Version, inbox.SchemaVersion)
+		}
+		// The outbox and redrive tables the options ask for (outbox.go),
+		// also on an inbox migrated without them.
+		if err := s.migrateOptional(ctx, conn); err != nil {
+			return err
 		}
 		if st.Version != inbox.SchemaVersion || !st.HasInbox {
 			for _, stmt := range append(s.tablesDDL(), s.metaDDL()) {
@@ -365,7 +367,8 @@ func (s *Inbox) Drop(ctx context.Context) error {
 		if st.Version < 1 || st.Version > inbox.SchemaVersion || st.Layout != string(config.LayoutTable) {
 			return fmt.Errorf("while dropping inbox %s: %w: meta row layout %q, schema version %d", s.name(), inbox.ErrNotOperatorInbox, st.Layout, st.Version)
 		}
-		for _, t := range []string{s.inbox, s.deadLetters, s.pruneRuns, s.idConflicts, s.progress, s.window, s.meta} {
+		for _, t := range append(append([]string{s.inbox, s.deadLetters, s.pruneRuns, s.idConflicts, s.progress, s.window},
+			s.optionalTables()...), s.meta) {
 			if _, err := conn.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
 				return fmt.Errorf("while dropping inbox %s: %w", s.name(), err)
 			}

@@ -56,6 +56,13 @@ func Run(t *testing.T, h Harness) {
 	t.Run("StoredWindow", func(t *testing.T) { window(t, h) })
 	t.Run("NoWindowBeforeMigrate", func(t *testing.T) { windowBeforeMigrate(t, h) })
 	t.Run("PruneConcurrentWithClaims", func(t *testing.T) { prune(t, h) })
+	// The outbox and relay, dead letters and redrive, conflicts, sql.
+	t.Run("OutboxAndRelay", func(t *testing.T) { outbox(t, h) })
+	t.Run("OutboxAndRedrivesTablesOnDemand", func(t *testing.T) { outboxAbsent(t, h) })
+	t.Run("DeadLetterListing", func(t *testing.T) { deadLetterListing(t, h) })
+	t.Run("RedriveExactlyOnce", func(t *testing.T) { redrive(t, h) })
+	t.Run("IDConflictsAndExisting", func(t *testing.T) { idConflicts(t, h) })
+	t.Run("SQLEffectNamedParams", func(t *testing.T) { sqlEffect(t, h) })
 }
 
 const inboxTable = "inbox_conformance"
