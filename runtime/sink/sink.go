@@ -71,6 +71,25 @@
 // CONFLICT (native_id) DO NOTHING RETURNING; MySQL reads which native ids
 // are there and inserts the rest (rare path, two round trips).
 //
+// The outbox relay's shard lock (Outbox.ClaimOutboxShard): PostgreSQL's
+// transaction advisory lock (pg_try_advisory_xact_lock); on MySQL a row
+// per shard in <outbox>_shards locked FOR UPDATE SKIP LOCKED (GET_LOCK is
+// a session lock that outlives the transaction on a pooled connection).
+// Both end with the transaction and never wait: a held shard is ok=false.
+// The shard's events are then locked in id order FOR UPDATE SKIP LOCKED;
+// MySQL forces the indexes of the relay's and the outbox prune's reads, so
+// that neither locks rows outside what it selects (which another relay
+// would skip, out of order). Redrive is exactly once on both: the dead
+// letter is locked FOR UPDATE SKIP LOCKED, deleted and its outcome
+// recorded in one transaction.
+//
+// The sql effect: the statement's :name parameters are compiled by one
+// parser (runtime/effect, ConvertNamedParams and ConvertNamedParamsMySQL,
+// each with its dialect's quoting and comments) into $n (one per name) or
+// ? (one per use), bound from the value expressions; one statement per
+// message, queued in one pgx.Batch on PostgreSQL, one round trip each on
+// MySQL (database/sql has no pipeline).
+//
 // Progress rows and the stored window: the same rows; every time is the
 // database clock (now() on PostgreSQL, UTC_TIMESTAMP(6) into DATETIME(6) on
 // MySQL, read back as UTC). The window's read-modify-write is serialized by
@@ -122,10 +141,8 @@
 // with arguments are one round trip on MySQL because the driver
 // interpolates them (no server-side prepare per statement).
 //
-// Not in the seam yet (later slices of issue 35): the outbox, relay and
-// redrive; the Partitioned layout; the sql effect's named parameters; the
-// controller's preflight and sinkdb; Stats, Existing, the id conflicts and
-// the dead-letter listing. The consumer loop, the prune job and the
+// Not in the seam yet (later slices of issue 35): the Partitioned layout;
+// the controller's preflight and sinkdb; Stats. The consumer loop, the prune job and the
 // controller still call runtime/inbox and runtime/effect directly.
 package sink
 
