@@ -112,7 +112,7 @@ func (s *Inbox) RecordConflicts(ctx context.Context, tx sink.Tx, cs []inbox.Conf
 func (s *Inbox) ConflictCount(ctx context.Context) (int64, error) {
 	var n int64
 	if err := s.d.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM `+s.idConflicts+`)
-		+ (SELECT COUNT(*) FROM `+s.deadLetters+` WHERE reason LIKE 'id conflict: %')`).Scan(&n); err != nil {
+		+ (SELECT COUNT(*) FROM `+s.deadLetters+` WHERE reason COLLATE utf8mb4_bin LIKE 'id conflict: %')`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("while counting id conflicts: %w", err)
 	}
 	return n, nil

@@ -19,6 +19,12 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
+// reasonClassSQL is the dead-letter class expression (inbox.ReasonClassSQL,
+// the reason_class column, else the class read from the reason) with the
+// reason compared byte for byte, as PostgreSQL's LIKE does: the table's
+// utf8mb4 default collation is case-insensitive.
+var reasonClassSQL = strings.ReplaceAll(inbox.ReasonClassSQL, "reason LIKE ", "reason COLLATE utf8mb4_bin LIKE ")
+
 // redrivesDDL: the log of redrive outcomes (inbox.Store.redrivesDDL). run
 // is bytes (an indexed VARBINARY, compared exactly, no collation).
 func (s *Inbox) redrivesDDL() string {
@@ -39,7 +45,7 @@ func (s *Inbox) redrivesDDL() string {
 func deadLetterWhere(f inbox.DeadLetterFilter) (where string, args []any, limit string) {
 	conds := []string{"TRUE"}
 	if len(f.Classes) > 0 {
-		conds = append(conds, inbox.ReasonClassSQL+` IN (`+strings.TrimSuffix(strings.Repeat("?, ", len(f.Classes)), ", ")+`)`)
+		conds = append(conds, reasonClassSQL+` IN (`+strings.TrimSuffix(strings.Repeat("?, ", len(f.Classes)), ", ")+`)`)
 		for _, c := range f.Classes {
 			args = append(args, c)
 		}
@@ -72,7 +78,7 @@ func (s *Inbox) ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, e
 		return inbox.DeadLetterListing{}, fmt.Errorf("the reason excerpt must be positive, got %d", excerpt)
 	}
 	where, args, limit := deadLetterWhere(f)
-	rows, err := s.d.db.QueryContext(ctx, `SELECT id, COALESCE(message_id, ''), COALESCE(native_id, ''), `+inbox.ReasonClassSQL+`,
+	rows, err := s.d.db.QueryContext(ctx, `SELECT id, COALESCE(message_id, ''), COALESCE(native_id, ''), `+reasonClassSQL+`,
 			LEFT(reason, ?), CHAR_LENGTH(reason) > ?, COALESCE(attempts, 0), dead_at, published_at, COUNT(*) OVER ()
 		FROM `+s.deadLetters+` WHERE `+where+` ORDER BY id`+limit, append([]any{excerpt, excerpt}, args...)...)
 	if err != nil {
@@ -138,7 +144,7 @@ func (s *Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (*inbo
 	var class sql.NullString
 	var attempts sql.NullInt64
 	var published sql.NullTime
-	err = t.QueryRowContext(ctx, `SELECT id, message_id, native_id, reason, `+inbox.ReasonClassSQL+`, payload, headers,
+	err = t.QueryRowContext(ctx, `SELECT id, message_id, native_id, reason, `+reasonClassSQL+`, payload, headers,
 		attempts, published_at, dead_at FROM `+s.deadLetters+` WHERE id = ? FOR UPDATE SKIP LOCKED`, id).Scan(
 		&d.ID, &msgID, &native, &d.Reason, &class, &d.Payload, &headers, &attempts, &published, &d.DeadAt)
 	if errors.Is(err, sql.ErrNoRows) {

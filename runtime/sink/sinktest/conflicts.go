@@ -41,7 +41,8 @@ func idConflicts(t *testing.T, h Harness) {
 		t.Fatalf("RecordConflicts: %v", err)
 	}
 	if _, err := e.in.DeadLetter(c, tx, []inbox.DeadLetter{{MessageID: "b", NativeID: "n-b2", Reason: "id conflict: payload differs", Class: "id_conflict"},
-		{MessageID: "x", NativeID: "n-x", Reason: "database: not a conflict", Class: "database"}}); err != nil {
+		{MessageID: "x", NativeID: "n-x", Reason: "database: not a conflict", Class: "database"},
+		{MessageID: "y", NativeID: "n-y", Reason: "ID Conflict: not the runtime's text", Class: "evaluation"}}); err != nil {
 		t.Fatal(err)
 	}
 	commit(t, tx)

@@ -75,6 +75,18 @@ func deadLetterListing(t *testing.T, h Harness) {
 		list.DeadLetters[0].ReasonTruncated || list.DeadLetters[0].Attempts != 0 {
 		t.Errorf("ListDeadLetters(http) = %+v, %v; want c, its class read from the reason", list, err)
 	}
+	// The class read from the reason is case-sensitive, as written.
+	tx := e.begin(t)
+	if _, err := e.in.DeadLetter(c, tx, []inbox.DeadLetter{{MessageID: "d", NativeID: "nd", Reason: "HTTP: not the runtime's text"}}); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, tx)
+	if ids, err := e.in.SelectDeadLetters(c, inbox.DeadLetterFilter{Classes: []string{"http"}}); err != nil || !slices.Equal(ids, []int64{cc}) {
+		t.Errorf("SelectDeadLetters(http) = %v, %v; want c alone (the class reads the reason case-sensitively)", ids, err)
+	}
+	if ids, err := e.in.SelectDeadLetters(c, inbox.DeadLetterFilter{Classes: []string{"evaluation"}}); err != nil || len(ids) != 2 || ids[0] != a {
+		t.Errorf("SelectDeadLetters(evaluation) = %v, %v; want a and d", ids, err)
+	}
 	if list, err := e.in.ListDeadLetters(c, inbox.DeadLetterFilter{Classes: []string{"missing_id"}}, 100); err != nil ||
 		list.Total != 0 || list.DeadLetters == nil || len(list.DeadLetters) != 0 {
 		t.Errorf("ListDeadLetters(nothing) = %+v, %v; want an empty list", list, err)
