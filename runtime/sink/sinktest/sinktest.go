@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 	// The outbox and relay, dead letters and redrive, conflicts, sql.
 	t.Run("OutboxAndRelay", func(t *testing.T) { outbox(t, h) })
 	t.Run("OutboxAndRedrivesTablesOnDemand", func(t *testing.T) { outboxAbsent(t, h) })
+	t.Run("ConcurrentRelaysEachEventOnceInOrder", func(t *testing.T) { concurrentRelays(t, h) })
 	t.Run("DeadLetterListing", func(t *testing.T) { deadLetterListing(t, h) })
 	t.Run("RedriveExactlyOnce", func(t *testing.T) { redrive(t, h) })
 	t.Run("IDConflictsAndExisting", func(t *testing.T) { idConflicts(t, h) })
