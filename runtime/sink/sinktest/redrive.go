@@ -1,12 +1,16 @@
 package sinktest
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // seedDeadLetters writes a (evaluation, a long reason), b (database) and c
@@ -166,4 +170,92 @@ func redrive(t *testing.T, h Harness) {
 	if sum, err := e.in.RedriveSummary(c, "r2"); err != nil || sum.Total() != 0 || !sum.Last.IsZero() {
 		t.Fatalf("RedriveSummary(r2) = %+v, %v; want nothing", sum, err)
 	}
+}
+
+// concurrentRedrives: redrives of one run race over the same dead letters
+// (each selects them all, then locks, deletes and records one at a time).
+// Each dead letter is settled exactly once: the summary counts each once
+// and none is left.
+func concurrentRedrives(t *testing.T, h Harness) {
+	e := setupWith(t, h, inbox.WithRedrives())
+	const n, workers = 40, 4
+	dls := make([]inbox.DeadLetter, n)
+	for i := range dls {
+		dls[i] = inbox.DeadLetter{MessageID: fmt.Sprintf("m%02d", i), NativeID: fmt.Sprintf("n%02d", i), Reason: "database: x", Class: "database"}
+	}
+	tx := e.begin(t)
+	if _, err := e.in.DeadLetter(ctx(t), tx, dls); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, tx)
+	var mu sync.Mutex
+	settled := map[int64]int{}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			c := context.Background()
+			ids, err := e.in.SelectDeadLetters(c, inbox.DeadLetterFilter{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, id := range ids {
+				got, err := e.redriveOne(c, id)
+				for err != nil {
+					if class, _ := e.db.Classify(err); class != sink.ClassUnavailable {
+						break
+					}
+					got, err = e.redriveOne(c, id) // transient: as the redrive, again
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if got {
+					mu.Lock()
+					settled[id]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for id, k := range settled {
+		if k != 1 {
+			t.Errorf("dead letter %d settled %d times", id, k)
+		}
+	}
+	sum, err := e.in.RedriveSummary(ctx(t), "race")
+	if err != nil || len(settled) != n || sum.Outcomes["redriven"] != n || sum.Total() != n {
+		t.Fatalf("%d settled, summary %+v (%v); want each of %d once", len(settled), sum, err, n)
+	}
+	if left, err := e.in.SelectDeadLetters(ctx(t), inbox.DeadLetterFilter{}); err != nil || len(left) != 0 {
+		t.Fatalf("dead letters left: %v, %v", left, err)
+	}
+}
+
+// redriveOne settles dead letter id in one transaction; false when another
+// redrive has it or had it.
+func (e *env) redriveOne(c context.Context, id int64) (bool, error) {
+	tx, err := e.db.Begin(c)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(c) }()
+	d, err := e.in.LockDeadLetter(c, tx, id)
+	if err != nil || d == nil {
+		return false, err
+	}
+	if err := e.in.DeleteDeadLetter(c, tx, id); err != nil {
+		return false, err
+	}
+	if err := e.in.RecordRedrive(c, tx, inbox.Redrive{Run: "race", DeadLetterID: id, MessageID: d.MessageID, Outcome: "redriven"}); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(c)
 }

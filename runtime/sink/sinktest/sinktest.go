@@ -62,6 +62,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ConcurrentRelaysEachEventOnceInOrder", func(t *testing.T) { concurrentRelays(t, h) })
 	t.Run("DeadLetterListing", func(t *testing.T) { deadLetterListing(t, h) })
 	t.Run("RedriveExactlyOnce", func(t *testing.T) { redrive(t, h) })
+	t.Run("ConcurrentRedrivesSettleEachOnce", func(t *testing.T) { concurrentRedrives(t, h) })
 	t.Run("IDConflictsAndExisting", func(t *testing.T) { idConflicts(t, h) })
 	t.Run("SQLEffectNamedParams", func(t *testing.T) { sqlEffect(t, h) })
 }
