@@ -98,7 +98,23 @@ func (e *sqlEffect) bind(m *Record) ([]any, error) {
 // quoted identifiers, and -- and (nested) /* */ comments. Positional $n
 // parameters are refused: mixing both styles would misnumber them.
 func ConvertNamedParams(stmt string) (string, []string, error) {
-	c := &converter{src: stmt, index: map[string]int{}}
+	return convert(stmt, false)
+}
+
+// ConvertNamedParamsMySQL rewrites :name parameters as ? placeholders for
+// MySQL and MariaDB and returns the name of each placeholder in order (a
+// name used twice is two placeholders). It follows MySQL's lexical rules
+// (sql_mode without ANSI_QUOTES and NO_BACKSLASH_ESCAPES, the sink's): it
+// leaves alone string literals ('…' and "…", backslash escapes and doubled
+// quotes), `quoted` identifiers, # and "-- " line comments, /* */ comments
+// (not nested in MySQL), and := assignments. Positional ? parameters are
+// refused, as $n are on PostgreSQL.
+func ConvertNamedParamsMySQL(stmt string) (string, []string, error) {
+	return convert(stmt, true)
+}
+
+func convert(stmt string, mysql bool) (string, []string, error) {
+	c := &converter{src: stmt, index: map[string]int{}, mysql: mysql}
 	for c.pos < len(c.src) {
 		if err := c.step(); err != nil {
 			return "", nil, err
@@ -113,9 +129,14 @@ type converter struct {
 	out   strings.Builder
 	names []string
 	index map[string]int
+	// mysql: MySQL's lexical rules and ? placeholders.
+	mysql bool
 }
 
 func (c *converter) step() error {
+	if c.mysql {
+		return c.stepMySQL()
+	}
 	ch := c.src[c.pos]
 	switch {
 	case ch == '\'':
@@ -131,6 +152,37 @@ func (c *converter) step() error {
 	case strings.HasPrefix(c.src[c.pos:], "::"):
 		c.copyN(2)
 	case ch == ':' && c.pos+1 < len(c.src) && isIdentStart(c.src[c.pos+1]):
+		c.param()
+	default:
+		c.copyN(1)
+	}
+	return nil
+}
+
+func (c *converter) stepMySQL() error {
+	ch := c.src[c.pos]
+	rest := c.src[c.pos:]
+	switch {
+	case ch == '\'' || ch == '"':
+		return c.copyQuoted(ch, true)
+	case ch == '`':
+		return c.copyQuoted('`', false)
+	case ch == '#':
+		c.copyLineComment()
+	case strings.HasPrefix(rest, "--") && (len(rest) == 2 || rest[2] <= ' '):
+		// MySQL's -- comment needs a space or control character after it.
+		c.copyLineComment()
+	case strings.HasPrefix(rest, "/*"):
+		end := strings.Index(rest[2:], "*/")
+		if end < 0 {
+			return fmt.Errorf("unterminated comment at offset %d", c.pos)
+		}
+		c.copyN(end + 4)
+	case ch == '?':
+		return fmt.Errorf("positional parameter at offset %d: use :name parameters", c.pos)
+	case strings.HasPrefix(rest, "::"):
+		c.copyN(2)
+	case ch == ':' && c.pos+1 < len(c.src) && isIdentStart(c.src[c.pos+1]) && (c.pos == 0 || !isIdentChar(c.src[c.pos-1])):
 		c.param()
 	default:
 		c.copyN(1)
@@ -230,6 +282,12 @@ func (c *converter) param() {
 		end++
 	}
 	name := c.src[c.pos+1 : end]
+	if c.mysql {
+		c.names = append(c.names, name)
+		c.out.WriteByte('?')
+		c.pos = end
+		return
+	}
 	n, ok := c.index[name]
 	if !ok {
 		c.names = append(c.names, name)

@@ -70,3 +70,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, q Querier, f DeadLetterFilt
 	}
 	return out, nil
 }
+
+// ReasonClassSQL is the class expression of a dead-letter row (see
+// reasonClassSQL) for the other dialects: its text is valid MySQL too.
+const ReasonClassSQL = reasonClassSQL

@@ -71,6 +71,25 @@
 // CONFLICT (native_id) DO NOTHING RETURNING; MySQL reads which native ids
 // are there and inserts the rest (rare path, two round trips).
 //
+// The outbox relay's shard lock (Outbox.ClaimOutboxShard): PostgreSQL's
+// transaction advisory lock (pg_try_advisory_xact_lock); on MySQL a row
+// per shard in <outbox>_shards locked FOR UPDATE SKIP LOCKED (GET_LOCK is
+// a session lock that outlives the transaction on a pooled connection).
+// Both end with the transaction and never wait: a held shard is ok=false.
+// The shard's events are then locked in id order FOR UPDATE SKIP LOCKED;
+// MySQL forces the indexes of the relay's and the outbox prune's reads, so
+// that neither locks rows outside what it selects (which another relay
+// would skip, out of order). Redrive is exactly once on both: the dead
+// letter is locked FOR UPDATE SKIP LOCKED, deleted and its outcome
+// recorded in one transaction.
+//
+// The sql effect: the statement's :name parameters are compiled by one
+// parser (runtime/effect, ConvertNamedParams and ConvertNamedParamsMySQL,
+// each with its dialect's quoting and comments) into $n (one per name) or
+// ? (one per use), bound from the value expressions; one statement per
+// message, queued in one pgx.Batch on PostgreSQL, one round trip each on
+// MySQL (database/sql has no pipeline).
+//
 // Progress rows and the stored window: the same rows; every time is the
 // database clock (now() on PostgreSQL, UTC_TIMESTAMP(6) into DATETIME(6) on
 // MySQL, read back as UTC). The window's read-modify-write is serialized by
@@ -130,10 +149,9 @@
 // to run on both (mysql.Advice, postgres.Advice), and each dialect lists
 // its runtime's least-privilege grants (RuntimeGrants; docs/mysql.md).
 //
-// Not in the seam yet (later slices of issue 35): the outbox, relay and
-// redrive; the sql effect's named parameters; the controller's preflight
-// and sinkdb; Existing, the id conflicts and the dead-letter listing. The consumer loop, the prune job and the
-// controller still call runtime/inbox and runtime/effect directly.
+// Everything the runtime does with its sink goes through the seam: the
+// loop, prune, redrive, the relay and the dead-letter listing; the
+// controller's sinkdb (the preflight, migrations and identity) too.
 package sink
 
 import (

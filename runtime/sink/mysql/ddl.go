@@ -50,9 +50,6 @@ func NewInbox(d *DB, s config.Sink, opts ...inbox.Option) (*Inbox, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.Outbox || o.Redrives {
-		return nil, fmt.Errorf("while opening inbox: %w: the outbox and redrive tables", sink.ErrUnsupported)
-	}
 	q := func(t string) string { return qualify(n.Schema, t) }
 	return &Inbox{
 		d: d, names: n, opts: o,
@@ -197,6 +194,11 @@ func (s *Inbox) MigrateFor(ctx context.Context, c *inbox.OwnerClaim) (_ inbox.Id
 		}
 		if st.Version > inbox.SchemaVersion {
 			return fmt.Errorf("inbox schema version %d is newer than this runtime's %d", st.Version, inbox.SchemaVersion)
+		}
+		// The outbox and redrive tables the options ask for (outbox.go),
+		// also on an inbox migrated without them.
+		if err := s.migrateOptional(ctx, conn); err != nil {
+			return err
 		}
 		if st.Version != inbox.SchemaVersion || !st.HasInbox {
 			for _, stmt := range append(s.tablesDDL(), s.metaDDL()) {
@@ -376,7 +378,8 @@ func (s *Inbox) drop(ctx context.Context, owner *inbox.Owner) error {
 		if owner != nil && st.Owner != *owner {
 			return fmt.Errorf("while dropping inbox %s: %w: it belongs to %s", s.name(), inbox.ErrNotOwner, st.Owner)
 		}
-		for _, t := range []string{s.inbox, s.claimLocks, s.deadLetters, s.pruneRuns, s.idConflicts, s.progress, s.window, s.meta} {
+		for _, t := range append(append([]string{s.inbox, s.claimLocks, s.deadLetters, s.pruneRuns, s.idConflicts, s.progress, s.window},
+			s.optionalTables()...), s.meta) {
 			if _, err := conn.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
 				return fmt.Errorf("while dropping inbox %s: %w", s.name(), err)
 			}

@@ -193,8 +193,10 @@ func (d *DB) Effect(cfg config.Effect, schema string, entity *config.Entity) (si
 		return newUpsert(cfg.Upsert, schema, entity)
 	case cfg.Append != nil:
 		return newAppend(cfg.Append, schema)
+	case cfg.SQL != nil:
+		return newSQL(cfg.SQL)
 	}
-	return nil, fmt.Errorf("while building the effect: %w: only upsert and append run on MySQL so far", sink.ErrUnsupported)
+	return nil, fmt.Errorf("while building the effect: %w: only upsert, append and sql run on MySQL", sink.ErrUnsupported)
 }
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,63}$`)

@@ -70,6 +70,15 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PartitionedClaimsOncePerID", func(t *testing.T) { partitionedClaims(t, h) })
 	t.Run("PrunePartitionsConcurrentWithClaims", func(t *testing.T) { prunePartitioned(t, h) })
 	t.Run("LeastPrivilege", func(t *testing.T) { leastPrivilege(t, h) })
+	// The outbox and relay, dead letters and redrive, conflicts, sql.
+	t.Run("OutboxAndRelay", func(t *testing.T) { outbox(t, h) })
+	t.Run("OutboxAndRedrivesTablesOnDemand", func(t *testing.T) { outboxAbsent(t, h) })
+	t.Run("ConcurrentRelaysEachEventOnceInOrder", func(t *testing.T) { concurrentRelays(t, h) })
+	t.Run("DeadLetterListing", func(t *testing.T) { deadLetterListing(t, h) })
+	t.Run("RedriveExactlyOnce", func(t *testing.T) { redrive(t, h) })
+	t.Run("ConcurrentRedrivesSettleEachOnce", func(t *testing.T) { concurrentRedrives(t, h) })
+	t.Run("IDConflictsAndExisting", func(t *testing.T) { idConflicts(t, h) })
+	t.Run("SQLEffectNamedParams", func(t *testing.T) { sqlEffect(t, h) })
 }
 
 const inboxTable = "inbox_conformance"
