@@ -24,6 +24,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/redrive"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // There is no Job controller or kubelet in envtest: these tests play both.
@@ -88,7 +89,7 @@ func playRedriveJob(name string, job *batchv1.Job) redrive.Result {
 	pool, err := pgxpool.New(ctx, testDSN)
 	Expect(err).NotTo(HaveOccurred())
 	defer pool.Close()
-	r, err := redrive.New(pool, cfg, logr.Discard())
+	r, err := redrive.New(postgres.New(pool), cfg, logr.Discard())
 	Expect(err).NotTo(HaveOccurred())
 	res, err := r.Run(ctx, opts)
 	Expect(err).NotTo(HaveOccurred())
