@@ -36,9 +36,9 @@ L=$N/logs
 V=$N/var
 K=$N/kubeconfig
 P=$N/pki
-# Host services forwarded to pods on $GW: PostgreSQL, NATS, RabbitMQ AMQP,
+# Host services forwarded to pods on $GW: PostgreSQL, MariaDB, NATS, RabbitMQ AMQP,
 # Redis, RabbitMQ management API.
-FORWARDS=(5432 4222 5672 6379 15672)
+FORWARDS=(5432 3306 4222 5672 6379 15672)
 APT_PACKAGES=(containerd runc containernetworking-plugins socat iptables openssl iproute2 curl)
 
 log() { printf '[node %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
