@@ -178,16 +178,20 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	defer db.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics, err := consumer.NewMetrics(reg)
+	// Every idc_* series carries the sink's kind (sink_kind="postgres" or
+	// "mysql"): the dashboard and alerts aggregate by namespace and pod, so
+	// they read both kinds unchanged, and a panel can split by it.
+	idcReg := prometheus.WrapRegistererWith(prometheus.Labels{"sink_kind": string(db.Kind())}, reg)
+	metrics, err := consumer.NewMetrics(idcReg)
 	if err != nil {
 		return err
 	}
 	state := newLoopState(cfg.Delivery.BackoffMax.Duration)
-	ops, err := newOpsGauges(reg, state)
+	ops, err := newOpsGauges(idcReg, state)
 	if err != nil {
 		return err
 	}
-	srv, err := server.Start(cfg.HealthAddr, reg, server.Checks{Live: state.live, Ready: state.ready})
+	srv, err := server.Start(cfg.HealthAddr, reg, server.Checks{Live: state.live, Ready: state.ready, Sink: string(db.Kind())})
 	if err != nil {
 		return err
 	}
@@ -204,7 +208,7 @@ func runConsumer(ctx context.Context, cfg *config.Config, log logr.Logger, consu
 	}()
 	// Registered without spec.emit too (at 0), so dashboards and the
 	// IdcOutboxStuck alert read one metric set on every replica.
-	relayMetrics, err := outbox.NewMetrics(reg)
+	relayMetrics, err := outbox.NewMetrics(idcReg)
 	if err != nil {
 		return err
 	}

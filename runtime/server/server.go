@@ -29,6 +29,18 @@ type Checks struct {
 	// error makes /readyz answer 503 with the error text (the reason). Nil
 	// means never ready.
 	Ready func() error
+	// Sink names the sink database's kind ("postgres", "mysql"): /readyz
+	// says it beside its answer, so a 503 read at 3 a.m. tells which
+	// database a sink reason is about.
+	Sink string
+}
+
+// sinkNote is " (sink <kind>)", or "" when the kind is not set.
+func (c Checks) sinkNote() string {
+	if c.Sink == "" {
+		return ""
+	}
+	return " (sink " + c.Sink + ")"
 }
 
 // Server is the HTTP server of the probes and metrics.
@@ -53,14 +65,14 @@ func Handler(gatherer prometheus.Gatherer, checks Checks) http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if checks.Ready == nil {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			http.Error(w, "not ready"+checks.sinkNote(), http.StatusServiceUnavailable)
 			return
 		}
 		if err := checks.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			http.Error(w, "not ready"+checks.sinkNote()+": "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = fmt.Fprintln(w, "ok")
+		_, _ = fmt.Fprintln(w, "ok"+checks.sinkNote())
 	})
 	return mux
 }

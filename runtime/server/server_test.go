@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -78,5 +79,26 @@ func TestStartFailsOnBusyPort(t *testing.T) {
 	defer func() { _ = s.Shutdown(context.Background()) }()
 	if _, err := Start(s.Addr(), prometheus.NewRegistry(), Checks{}); err == nil {
 		t.Fatal("second Start on the same address succeeded")
+	}
+}
+
+// TestReadyzNamesTheSinkKind: /readyz says which database a sink reason is
+// about, held or ready.
+func TestReadyzNamesTheSinkKind(t *testing.T) {
+	var ready atomic.Bool
+	h := Handler(prometheus.NewRegistry(), Checks{Sink: "mysql", Ready: func() error {
+		if !ready.Load() {
+			return errors.New("sink misconfigured (insufficient_privilege)")
+		}
+		return nil
+	}})
+	s := httptest.NewServer(h)
+	defer s.Close()
+	if code, body := get(t, s.URL+"/readyz"); code != http.StatusServiceUnavailable || body != "not ready (sink mysql): sink misconfigured (insufficient_privilege)\n" {
+		t.Errorf("/readyz held = %d %q, want 503 naming the sink kind and the reason", code, body)
+	}
+	ready.Store(true)
+	if code, body := get(t, s.URL+"/readyz"); code != http.StatusOK || body != "ok (sink mysql)\n" {
+		t.Errorf("/readyz ready = %d %q, want 200 \"ok (sink mysql)\"", code, body)
 	}
 }

@@ -3,6 +3,7 @@ package monitoring
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/idempotency-dev/idc-operator/controllers"
+	"github.com/idempotency-dev/idc-operator/internal/mysqltest"
 	"github.com/idempotency-dev/idc-operator/internal/pgtest"
 	"github.com/idempotency-dev/idc-operator/internal/testbin"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -30,15 +32,27 @@ import (
 
 const natsURL = "nats://127.0.0.1:4222"
 
-// TestNamedMetricsAreExported runs the real idc-runtime against PostgreSQL
-// and JetStream, scrapes its /metrics and fails for every idc_ metric an
-// alert or the dashboard names that the runtime does not export.
+// TestNamedMetricsAreExported runs the real idc-runtime against JetStream
+// and each sink database (PostgreSQL, MariaDB), scrapes its /metrics and
+// fails for every idc_ metric an alert or the dashboard names that the
+// runtime does not export, and for every idc_ sample that does not carry
+// the sink's kind: the same rules and dashboard serve both databases.
 func TestNamedMetricsAreExported(t *testing.T) {
+	for _, kind := range []config.SinkKind{config.SinkPostgres, config.SinkMySQL} {
+		t.Run(string(kind), func(t *testing.T) { testNamedMetricsAreExported(t, kind) })
+	}
+}
+
+func testNamedMetricsAreExported(t *testing.T, kind config.SinkKind) {
 	names := namedMetrics(t)
 	if len(names) < 10 {
 		t.Fatalf("found only %d metric names in the rules and the dashboard: the extraction is broken", len(names))
 	}
-	exported := parseExposition(scrapeRuntime(t))
+	body := scrapeRuntime(t, kind)
+	if unlabelled := withoutSinkKind(body, kind); len(unlabelled) > 0 {
+		t.Fatalf("idc_ samples without sink_kind=%q:\n  %s", kind, strings.Join(unlabelled, "\n  "))
+	}
+	exported := parseExposition(body)
 	t.Run("CheckReportsAnUnknownName", func(t *testing.T) {
 		// The comparison must be able to fail: a rule naming a metric the
 		// runtime does not export is reported.
@@ -111,6 +125,27 @@ func managerDescribed() map[string]bool {
 
 // parseExposition returns every series name of a text exposition: the
 // families' names, plus _bucket/_sum/_count for histograms and summaries.
+// withoutSinkKind returns the idc_ sample lines of an exposition that lack
+// the label sink_kind="<kind>".
+func withoutSinkKind(text string, kind config.SinkKind) []string {
+	var out []string
+	want := `sink_kind="` + string(kind) + `"`
+	samples := 0
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "idc_") {
+			continue
+		}
+		samples++
+		if !strings.Contains(line, want) {
+			out = append(out, line)
+		}
+	}
+	if samples == 0 {
+		out = append(out, "(no idc_ sample at all)")
+	}
+	return out
+}
+
 func parseExposition(text string) map[string]bool {
 	out := map[string]bool{}
 	sc := bufio.NewScanner(strings.NewReader(text))
@@ -129,20 +164,26 @@ func parseExposition(text string) map[string]bool {
 	return out
 }
 
-func scrapeRuntime(t *testing.T) string {
+func scrapeRuntime(t *testing.T, kind config.SinkKind) string {
 	t.Helper()
 	bin := testbin.Build(t, testbin.RuntimePackage, "idc-runtime")
-	_, dsn := pgtest.Create(t, "idc_monitoring_test")
+	schema, dsn := "app", ""
+	if kind == config.SinkMySQL {
+		schema, dsn = mysqltest.NewDatabase(t)
+		createMySQLSink(t, dsn)
+	} else {
+		_, dsn = pgtest.Create(t, "idc_monitoring_test")
+		createSink(t, dsn)
+	}
 	env := "IDC_MONITORING_DSN"
 	t.Setenv(env, dsn)
-	createSink(t, dsn)
 	stream := newStream(t)
 	addr := freeAddr(t)
 	cfg := &config.Config{
 		Name:    "monitoring/orders",
 		Source:  config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "projector"}},
 		Message: config.Message{ID: config.Extractor{JSONPath: "$.id"}},
-		Sink: config.Sink{DSNEnv: env, Schema: "app", InboxTable: "inbox_orders", Layout: config.LayoutTable,
+		Sink: config.Sink{Kind: kind, DSNEnv: env, Schema: schema, InboxTable: "inbox_orders", Layout: config.LayoutTable,
 			Effect: config.Effect{Append: &config.Append{Table: "effects", Columns: map[string]string{"message_id": "@messageId"}}}},
 		Delivery:   config.Delivery{BatchSize: 10, MaxWait: config.Duration{Duration: 100 * time.Millisecond}},
 		Retention:  config.Retention{Mode: "Explicit", Window: config.Duration{Duration: time.Hour}},
@@ -199,6 +240,20 @@ func createSink(t *testing.T, dsn string) {
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA app; CREATE TABLE app.effects (message_id text NOT NULL)"); err != nil {
+		t.Fatalf("creating the sink table: %v", err)
+	}
+}
+
+func createMySQLSink(t *testing.T, dsn string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = db.Close() }()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE effects (message_id VARCHAR(255) NOT NULL)"); err != nil {
 		t.Fatalf("creating the sink table: %v", err)
 	}
 }
