@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +39,19 @@ func scrapeFloat(url, name string) float64 { return scrapeFloats(url, name)[0] }
 // scrapeFloats reads several samples from one scrape, so that they are
 // consistent with each other (a histogram's count and a bucket read in two
 // scrapes can disagree by the observations made in between).
+// sinkKind matches the sink_kind label the runtime puts on every idc_
+// series; the floor consumer's lines have none.
+var sinkKind = regexp.MustCompile(`,sink_kind="[^"]*"|sink_kind="[^"]*",?`)
+
+// withoutSinkKind is a sample line without its sink_kind label, so one name
+// matches the runtime's and the floor consumer's lines.
+func withoutSinkKind(line string) string {
+	if !strings.Contains(line, "sink_kind=") {
+		return line
+	}
+	return strings.Replace(sinkKind.ReplaceAllString(line, ""), "{}", "", 1)
+}
+
 func scrapeFloats(url string, names ...string) []float64 {
 	out := make([]float64, len(names))
 	resp, err := scrapeClient.Get(url)
@@ -48,7 +62,7 @@ func scrapeFloats(url string, names ...string) []float64 {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
-		line := sc.Text()
+		line := withoutSinkKind(sc.Text())
 		for i, name := range names {
 			if v, ok := strings.CutPrefix(line, name+" "); ok {
 				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {

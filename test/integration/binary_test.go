@@ -207,7 +207,7 @@ func gracefulStop(t *testing.T, bin string) {
 		return nil
 	})
 	metrics := p.waitStatus(t, "/metrics", http.StatusOK, 5*time.Second)
-	for _, name := range []string{"idc_messages_total ", "idc_batch_duration_seconds_bucket", "idc_commit_duration_seconds_count", "go_goroutines", "process_cpu_seconds_total"} {
+	for _, name := range []string{`idc_messages_total{sink_kind="postgres"} `, "idc_batch_duration_seconds_bucket", "idc_commit_duration_seconds_count", "go_goroutines", "process_cpu_seconds_total"} {
 		if !strings.Contains(metrics, name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -200,8 +200,8 @@ func httpOutbox(t *testing.T, bin string) {
 		}
 	})
 	metrics := p.waitStatus(t, "/metrics", http.StatusOK, 5*time.Second)
-	for _, m := range []string{"idc_outbox_published_total", "idc_outbox_rejected_total 2", "idc_outbox_publish_failures_total",
-		`idc_dead_letters_total{reason="http"} 2`} {
+	for _, m := range []string{"idc_outbox_published_total", `idc_outbox_rejected_total{sink_kind="postgres"} 2`, "idc_outbox_publish_failures_total",
+		`idc_dead_letters_total{reason="http",sink_kind="postgres"} 2`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("/metrics lacks %q", m)
 		}

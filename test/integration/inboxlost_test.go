@@ -66,8 +66,8 @@ func inboxLost(t *testing.T, bin string) {
 	}
 	t.Logf("held %s after the DROP: %s", time.Since(lostAt).Round(100*time.Millisecond), strings.TrimSpace(body))
 	metrics := p.waitStatus(t, "/metrics", http.StatusOK, 5*time.Second)
-	if !strings.Contains(metrics, `idc_sink_misconfigured{reason="inbox_lost"} 1`) {
-		t.Fatalf("/metrics lacks idc_sink_misconfigured{reason=\"inbox_lost\"} 1")
+	if !strings.Contains(metrics, `idc_sink_misconfigured{reason="inbox_lost",sink_kind="postgres"} 1`) {
+		t.Fatalf("/metrics lacks idc_sink_misconfigured{reason=\"inbox_lost\",sink_kind=\"postgres\"} 1")
 	}
 
 	// 50 redelivered ids from before the loss and 50 new ones.

@@ -123,7 +123,7 @@ func sinkErrorHolds(t *testing.T, bin string, tc sinkErrorCase) {
 	b.publish(t, msgs)
 
 	p := startBinary(t, bin, cfg)
-	gauge := fmt.Sprintf(`idc_sink_misconfigured{reason=%q} 1`, tc.reason)
+	gauge := fmt.Sprintf(`idc_sink_misconfigured{reason=%q,sink_kind="postgres"} 1`, tc.reason)
 	waitFor(t, 60*time.Second, "the hold (gauge at 1, three backoff steps logged)", func() error {
 		_, metrics, err := p.get("/metrics")
 		if err != nil {
@@ -178,7 +178,7 @@ func sinkErrorHolds(t *testing.T, bin string, tc sinkErrorCase) {
 	checkExactlyOnce(t, db, b, sinkErrorMessages)
 	p.waitStatus(t, "/readyz", http.StatusOK, 30*time.Second)
 	metrics := p.waitStatus(t, "/metrics", http.StatusOK, 5*time.Second)
-	if !strings.Contains(metrics, fmt.Sprintf(`idc_sink_misconfigured{reason=%q} 0`, tc.reason)) {
+	if !strings.Contains(metrics, fmt.Sprintf(`idc_sink_misconfigured{reason=%q,sink_kind="postgres"} 0`, tc.reason)) {
 		t.Errorf("after the fix the gauge is not back at 0")
 	}
 	if !tc.restart && !strings.Contains(p.logs.String(), `"msg":"Sink fixed; consuming again"`) {
