@@ -234,14 +234,32 @@ func (w *Workload) verifyProjection(ctx context.Context, conn *pgx.Conn, table p
 		return fmt.Errorf("reading the projection: %w", err)
 	}
 	defer rows.Close()
-	seen := 0
-	for rows.Next() {
-		var e OrderEvent
+	return w.checkProjection(func(e *OrderEvent) (bool, error) {
+		if !rows.Next() {
+			return false, rows.Err()
+		}
 		var version int64
 		if err := rows.Scan(&e.OrderID, &e.Status, &version); err != nil {
-			return err
+			return false, err
 		}
 		e.Version = int(version)
+		return true, nil
+	}, o)
+}
+
+// checkProjection compares the projection's rows, read one at a time by
+// next (false at the end), with each order's final state.
+func (w *Workload) checkProjection(next func(*OrderEvent) (bool, error), o *Outcome) error {
+	seen := 0
+	for {
+		var e OrderEvent
+		ok, err := next(&e)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
 		seen++
 		want, ok := w.Latest[e.OrderID]
 		if ok && want == e {
@@ -253,5 +271,5 @@ func (w *Workload) verifyProjection(ctx context.Context, conn *pgx.Conn, table p
 	if seen != len(w.Latest) {
 		o.Mismatches = append(o.Mismatches, fmt.Sprintf("%d rows in the projection, want %d", seen, len(w.Latest)))
 	}
-	return rows.Err()
+	return nil
 }
