@@ -84,7 +84,10 @@ func (t *throughputEnv) dbCeiling(b *testing.B) row {
 	}
 	t.checkResult(b, schema)
 	note := fmt.Sprintf("claim+upsert from Go, %d connections, no broker", ceilingConns)
-	if n := retries.Load(); n > 0 {
+	switch n := retries.Load(); {
+	case n == 1:
+		note += ", 1 batch retried after a deadlock"
+	case n > 1:
 		note += fmt.Sprintf(", %d batches retried after a deadlock", n)
 	}
 	return row{name: t.rowName("db_ceiling"), replicas: ceilingConns, batch: batchSize, msgs: len(t.w.bodies), elapsed: elapsed, cpu: cpu,
