@@ -140,7 +140,7 @@ test-chaos: ## Long chaos runs: 100k messages, >= 30 SIGKILLs (some between COMM
 	IDC_CHAOS=long go test -count=1 -timeout 20m -run 'TestBinary/PipelineChaos' -v ./test/integration/
 
 .PHONY: bench
-bench: ## Data-plane benchmark table: DB ceiling, idc-runtime replicas per broker, inbox modes, RATIO lines.
+bench: ## Data-plane benchmark table: DB ceiling, idc-runtime replicas per broker, inbox modes, RATIO lines; then the MariaDB rows (ceiling, 2 x 500, per message).
 	@hack/services.sh check
 	go test -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/bench/...
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat times (100 on
@@ -24,6 +26,8 @@ type cpuSnapshot struct {
 	nats, postgres, runtime, self time.Duration
 	// rabbit and redis are RabbitMQ's (beam.smp) and Redis's CPU.
 	rabbit, redis time.Duration
+	// mariadb is MariaDB's server (mariadbd, all its threads).
+	mariadb time.Duration
 }
 
 // takeCPU reads the snapshot; replicas are the pids of idc-runtime
@@ -50,6 +54,8 @@ func takeCPU(replicas ...int) cpuSnapshot {
 			s.rabbit += ticks(fields, 11) + ticks(fields, 12)
 		case "redis-server":
 			s.redis += ticks(fields, 11) + ticks(fields, 12)
+		case "mariadbd":
+			s.mariadb += ticks(fields, 11) + ticks(fields, 12)
 		}
 	}
 	return s
@@ -97,19 +103,33 @@ type cpuUse struct {
 	// (idc_commit_duration_seconds); 0 in-process.
 	commits       int
 	commitSeconds float64
+	// mariadb is MariaDB's CPU; sink, when mysql, makes it the row's
+	// database in the line (in place of postgres).
+	mariadb time.Duration
+	sink    config.SinkKind
 }
 
 func cpuSince(before cpuSnapshot, replicas ...int) *cpuUse {
 	after := takeCPU(replicas...)
 	return &cpuUse{wall: after.at.Sub(before.at), nats: after.nats - before.nats, postgres: after.postgres - before.postgres,
 		runtime: after.runtime - before.runtime, self: after.self - before.self,
-		rabbit: after.rabbit - before.rabbit, redis: after.redis - before.redis}
+		rabbit: after.rabbit - before.rabbit, redis: after.redis - before.redis, mariadb: after.mariadb - before.mariadb}
+}
+
+// database is the row's database server and its CPU: PostgreSQL's, or
+// MariaDB's on the MariaDB rows.
+func (c cpuUse) database() (string, time.Duration) {
+	if c.sink == config.SinkMySQL {
+		return "mariadb", c.mariadb
+	}
+	return "postgres", c.postgres
 }
 
 func (c cpuUse) String() string {
-	total := c.nats + c.postgres + c.runtime + c.self
-	s := fmt.Sprintf("wall=%.2fs nats=%.2fs postgres=%.2fs idc_runtime=%.2fs bench_process=%.2fs total=%.2fs cores_busy=%.2f of %d",
-		c.wall.Seconds(), c.nats.Seconds(), c.postgres.Seconds(), c.runtime.Seconds(), c.self.Seconds(), total.Seconds(),
+	dbName, db := c.database()
+	total := c.nats + db + c.runtime + c.self
+	s := fmt.Sprintf("wall=%.2fs nats=%.2fs %s=%.2fs idc_runtime=%.2fs bench_process=%.2fs total=%.2fs cores_busy=%.2f of %d",
+		c.wall.Seconds(), c.nats.Seconds(), dbName, db.Seconds(), c.runtime.Seconds(), c.self.Seconds(), total.Seconds(),
 		total.Seconds()/c.wall.Seconds(), runtime.NumCPU())
 	if c.rabbit > 0 || c.redis > 0 {
 		s += fmt.Sprintf(" (besides: rabbitmq=%.2fs redis=%.2fs)", c.rabbit.Seconds(), c.redis.Seconds())
@@ -131,6 +151,7 @@ func (rs *replicaSet) pids() []int {
 // perMessage is each component's CPU per message of the row, in µs.
 func (c cpuUse) perMessage(msgs int) string {
 	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(msgs) }
-	return fmt.Sprintf("us_per_msg: nats=%.2f postgres=%.2f idc_runtime=%.2f bench_process=%.2f total=%.2f",
-		us(c.nats), us(c.postgres), us(c.runtime), us(c.self), us(c.nats+c.postgres+c.runtime+c.self))
+	dbName, db := c.database()
+	return fmt.Sprintf("us_per_msg: nats=%.2f %s=%.2f idc_runtime=%.2f bench_process=%.2f total=%.2f",
+		us(c.nats), dbName, us(db), us(c.runtime), us(c.self), us(c.nats+db+c.runtime+c.self))
 }

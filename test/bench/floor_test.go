@@ -127,8 +127,9 @@ func (s spread) String() string {
 }
 
 // ceilingPairs runs the database ceiling and the headline row (2 x 500)
-// interleaved, IDC_BENCH_PAIRS times, and prints RATIO
-// runtime_vs_db_ceiling as the median of the pairs' ratios. It returns
+// interleaved, IDC_BENCH_PAIRS times, on the current sink, and prints
+// RATIO runtime_vs_db_ceiling (mariadb_runtime_vs_db_ceiling on MariaDB)
+// as the median of the pairs' ratios. It returns
 // the faster run of each, for the lines that use one row, and the median.
 func (t *throughputEnv) ceilingPairs(b *testing.B) (ceiling, headline row, ratio float64) {
 	b.Helper()
@@ -136,7 +137,7 @@ func (t *throughputEnv) ceilingPairs(b *testing.B) (ceiling, headline row, ratio
 	for i := range envInt(pairsEnv, 3) {
 		c := t.dbCeiling(b)
 		h := t.runJetStream(b, 2, batchSize)
-		fmt.Printf("PAIR runtime_vs_db_ceiling pair=%d db_ceiling_msgs_per_s=%.0f headline_msgs_per_s=%.0f ratio=%.2f\n", i+1, c.rate(), h.rate(), h.rate()/c.rate())
+		fmt.Printf("PAIR %sruntime_vs_db_ceiling pair=%d db_ceiling_msgs_per_s=%.0f headline_msgs_per_s=%.0f ratio=%.2f\n", t.sink.prefix(), i+1, c.rate(), h.rate(), h.rate()/c.rate())
 		ratios = append(ratios, h.rate()/c.rate())
 		if i == 0 {
 			ceiling, headline = c, h
@@ -144,8 +145,8 @@ func (t *throughputEnv) ceilingPairs(b *testing.B) (ceiling, headline row, ratio
 			ceiling, headline = fasterRow(ceiling, c), fasterRow(headline, h)
 		}
 	}
-	headline.name = "jetstream_upsert_headline"
-	fmt.Printf("RATIO runtime_vs_db_ceiling=%s\n", ratios)
+	headline.name = t.rowName("jetstream_upsert_headline")
+	fmt.Printf("RATIO %sruntime_vs_db_ceiling=%s\n", t.sink.prefix(), ratios)
 	return ceiling, headline, ratios.median()
 }
 

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -43,11 +42,17 @@ type throughputEnv struct {
 	// slice, when set, is the measured window of a latency row (the
 	// interleaved floor pairs' short slices).
 	slice time.Duration
+	// sink is where the rows' inboxes and tables are: pgSink (the
+	// PostgreSQL database above) but for the MariaDB rows (onSink).
+	sink benchSink
+	// mariadb is the MariaDB sink, opened by the first MariaDB row.
+	mariadb *mariaSink
 }
 
 func newThroughputEnv(b *testing.B, w *workload) *throughputEnv {
 	b.Helper()
 	t := &throughputEnv{w: w, bin: testbin.Build(b, testbin.RuntimePackage, "idc-runtime"), dsn: newDatabase(b), dir: b.TempDir()}
+	t.sink = pgSink{t}
 	var err error
 	if t.pool, err = pgxpool.New(context.Background(), t.dsn); err != nil {
 		b.Fatal(err)
@@ -63,19 +68,13 @@ func newThroughputEnv(b *testing.B, w *workload) *throughputEnv {
 	return t
 }
 
-// schema creates a fresh schema with the orders table for one row.
+// schema creates a fresh schema (a database on MariaDB) with the orders
+// table for one row, on the current sink.
 func (t *throughputEnv) schema(b *testing.B) string {
 	b.Helper()
 	t.runs++
-	s := fmt.Sprintf("t%d", t.runs)
-	for _, q := range []string{
-		"CREATE SCHEMA " + s,
-		"CREATE TABLE " + s + ".orders (key text PRIMARY KEY, version int NOT NULL, status text NOT NULL, amount numeric NOT NULL)",
-	} {
-		if _, err := t.pool.Exec(context.Background(), q); err != nil {
-			b.Fatalf("running %q: %v", q, err)
-		}
-	}
+	s := t.sink.namespace(t.runs)
+	t.sink.create(b, s)
 	return s
 }
 
@@ -89,31 +88,31 @@ func (t *throughputEnv) schema(b *testing.B) string {
 func (t *throughputEnv) checkResult(b *testing.B, schema string) {
 	b.Helper()
 	defer t.dropSchema(b, schema)
-	b.Helper()
-	var rows, notLatest, inboxRows int
-	err := t.pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT
-		(SELECT count(*) FROM %[1]s.orders), (SELECT count(*) FROM %[1]s.orders WHERE version <> $1),
-		(SELECT count(*) FROM %[1]s.inbox)`, schema), versions).Scan(&rows, &notLatest, &inboxRows)
-	if err != nil {
-		b.Fatal(err)
-	}
+	rows, notLatest, inboxRows := t.sink.counts(b, schema, versions)
 	if rows != keys || notLatest != 0 || inboxRows != t.w.unique {
 		b.Fatalf("schema %s: %d rows (want %d), %d not at version %d, %d inbox rows (want %d)",
 			schema, rows, keys, notLatest, versions, inboxRows, t.w.unique)
 	}
 }
 
+// checkPartial is checkResult for a row that stopped after the first
+// part of the stream: the inbox holds some of the unique ids (none
+// twice: its key), and every key with a claimed id has its row, at the
+// highest version claimed for it (the gate and the claim committed
+// together), and no other key has one.
+func (t *throughputEnv) checkPartial(b *testing.B, schema string) {
+	b.Helper()
+	defer t.dropSchema(b, schema)
+	rows, claimedKeys, wrong, inboxRows := t.sink.claimed(b, schema)
+	if inboxRows == 0 || inboxRows > t.w.unique || rows != claimedKeys || wrong != 0 {
+		b.Fatalf("schema %s: %d inbox rows (want 1..%d), %d rows for %d claimed keys, %d not at the highest claimed version",
+			schema, inboxRows, t.w.unique, rows, claimedKeys, wrong)
+	}
+}
+
 func (t *throughputEnv) dropSchema(b *testing.B, schema string) {
 	b.Helper()
-	if _, err := t.pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-		b.Fatalf("dropping schema %s: %v", schema, err)
-	}
-	// Each row writes some 50 MB of WAL; left to max_wal_size, the
-	// checkpoints they trigger land in whichever later row happens to run
-	// then. One here starts every row from the same state.
-	if _, err := t.pool.Exec(context.Background(), "CHECKPOINT"); err != nil {
-		b.Fatalf("checkpoint after row %s: %v", schema, err)
-	}
+	t.sink.drop(b, schema)
 }
 
 func runtimeConfig(schema string, src config.Source, batch int) config.Config {

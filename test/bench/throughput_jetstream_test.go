@@ -36,6 +36,24 @@ const baselineEnv = "IDC_BENCH_BASELINE_BIN"
 
 func (t *throughputEnv) runJetStreamEnv(b *testing.B, replicas, batch int, batching config.Batching, env ...string) row {
 	b.Helper()
+	return t.jetStreamRow(b, replicas, batch, batching, len(t.w.bodies), env...)
+}
+
+// runJetStreamUpTo is a row timed over the first limit messages of the
+// stream only (the per-message row: at one transaction per message the
+// whole stream would take minutes). Its check is the partial one
+// (checkPartial).
+func (t *throughputEnv) runJetStreamUpTo(b *testing.B, replicas, batch, limit int) row {
+	b.Helper()
+	r := t.jetStreamRow(b, replicas, batch, config.BatchingAdaptive, limit)
+	r.note = fmt.Sprintf("the first %d messages of the stream", limit)
+	return r
+}
+
+// jetStreamRow runs the row until limit messages are acknowledged (the
+// whole stream: checkResult; fewer: checkPartial).
+func (t *throughputEnv) jetStreamRow(b *testing.B, replicas, batch int, batching config.Batching, limit int, env ...string) row {
+	b.Helper()
 	if len(env) == 1 && strings.HasPrefix(env[0], "@") {
 		// A baseline row: "@<replicas>x<batch>", the config without the
 		// fields the earlier binary does not know.
@@ -55,13 +73,18 @@ func (t *throughputEnv) runJetStreamEnv(b *testing.B, replicas, batch int, batch
 	rs := t.startReplicas(b, cfg, replicas, env...)
 	rs.acked = t.jetStreamAcked(stream, "c_"+schema, len(t.w.bodies))
 	locks := t.sampleLockWaits()
-	timed, elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
+	timed, elapsed, rss := rs.measure(b, t.rowName("jetstream"), limit)
 	lockStats := locks()
-	t.checkResult(b, schema)
+	if limit < len(t.w.bodies) {
+		t.checkPartial(b, schema)
+	} else {
+		t.checkResult(b, schema)
+	}
 	if err := t.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
 		b.Fatalf("deleting the row's durable consumer: %v", err)
 	}
-	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu,
+	rs.cpu.sink = t.sink.kind()
+	return row{name: t.rowName("jetstream_upsert"), replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu,
 		locks: lockStats}
 }
 

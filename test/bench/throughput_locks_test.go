@@ -45,7 +45,11 @@ type lockStats struct {
 // returned func is called: the backends waiting on another transaction's
 // row lock (wait_event Lock:transactionid: replicas upserting the same
 // keys) and what their blockers were doing.
+// On MariaDB it samples nothing (no LOCKS line).
 func (t *throughputEnv) sampleLockWaits() func() lockStats {
+	if _, pg := t.sink.(pgSink); !pg {
+		return func() lockStats { return lockStats{} }
+	}
 	stop := make(chan struct{})
 	st := lockStats{holders: os.Getenv("IDC_BENCH_LOCK_HOLDERS") == "1"}
 	done := tickUntil(stop, lockSampleEvery, func() {

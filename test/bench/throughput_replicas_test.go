@@ -52,6 +52,7 @@ func (t *throughputEnv) startReplicasEach(b *testing.B, cfgs []config.Config, en
 		}
 		c := cfg
 		c.HealthAddr = addr
+		c.Sink.Kind = t.sink.kind()
 		data, err := json.Marshal(&c)
 		if err != nil {
 			b.Fatal(err)
@@ -67,7 +68,7 @@ func (t *throughputEnv) startReplicasEach(b *testing.B, cfgs []config.Config, en
 			b.Fatal(err)
 		}
 		cmd := exec.Command(t.bin, "run", "--config", path, "--consumer-name", name)
-		cmd.Env = append(os.Environ(), dsnEnv+"="+t.dsn, amqpURIEnv+"="+amqpURI)
+		cmd.Env = append(os.Environ(), dsnEnv+"="+t.sink.dsn(), amqpURIEnv+"="+amqpURI)
 		// IDC_BENCH_REPLICA_ENV="GOMAXPROCS=1 GOGC=200": for every replica
 		// of every row (an A/B of runtime settings against a whole table).
 		cmd.Env = append(cmd.Env, strings.Fields(os.Getenv("IDC_BENCH_REPLICA_ENV"))...)

@@ -35,7 +35,7 @@ const (
 // (as pods run it) for JetStream at replicas {1,2,4,8} x batchSize {100,500,
 // 2000}, RabbitMQ, Redis Streams and Kafka (kfake) at 2 replicas each next
 // to the broker alone (consume + ack, no database), peak RSS per replica,
-// and the RATIO lines.
+// and the RATIO lines; then the MariaDB rows (mariaDBRows).
 func BenchmarkThroughput(b *testing.B) {
 	w := newWorkload()
 	t := newThroughputEnv(b, w)
@@ -149,6 +149,10 @@ func BenchmarkThroughput(b *testing.B) {
 		}
 		fmt.Printf("MATRIX worst_row_vs_best_at_same_replicas=%.2f\n", worst)
 		b.ReportMetric(ceilingRatio, "runtime_vs_db_ceiling")
+
+		// The MariaDB rows last, so that no PostgreSQL row shares the
+		// disk with MariaDB's background flushing.
+		b.ReportMetric(t.mariaDBRows(b), "mariadb_runtime_vs_db_ceiling")
 	}
 }
 
@@ -157,6 +161,7 @@ func BenchmarkThroughput(b *testing.B) {
 // way to reproduce one row or compare two side by side. Named items run a
 // group: latency, latency-rabbitmq, latency-redis, latency-kafka,
 // rabbitmq, fixed; ceiling (the DB ceiling and the headline interleaved),
+// mariadb (the MariaDB rows: mariaDBRows),
 // floor (the floor consumer's latency rows alone) and latency-floor (the
 // runtime's latency rows and the floor consumer's, interleaved).
 const rowsEnv = "IDC_BENCH_ROWS"
@@ -175,6 +180,11 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			printRow(headline)
 			printCPU(ceiling)
 			printCPU(headline)
+			continue
+		case "mariadb":
+			// The MariaDB rows: ceiling and headline interleaved, per
+			// message, and their RATIO lines.
+			t.mariaDBRows(b)
 			continue
 		case "floor":
 			// The floor consumer's latency rows alone, at 10% and 50% of
