@@ -31,7 +31,9 @@ func TestBinary(t *testing.T) {
 		onEachSink(t, func(t *testing.T, db sinkDB) { failpoint(t, bin, db) })
 	})
 	t.Run("RelayFailpointKillsBetweenPublishAndMark", func(t *testing.T) { relayFailpoint(t, bin) })
-	t.Run("PipelineChaos", func(t *testing.T) { pipelineChaos(t, bin) })
+	t.Run("PipelineChaos", func(t *testing.T) {
+		onEachSink(t, func(t *testing.T, db sinkDB) { pipelineChaos(t, bin, db) })
+	})
 	t.Run("HTTPOutbox", func(t *testing.T) { httpOutbox(t, bin) })
 	t.Run("OutageLongerThanTheWindow", func(t *testing.T) { outageLongerThanTheWindow(t, bin) })
 	t.Run("ConsumerRecreatedDuringTheOutage", func(t *testing.T) { consumerRecreatedDuringTheOutage(t, bin) })
