@@ -69,13 +69,16 @@ type sinkDB interface {
 // The databases are created in the parent, before any subtest runs, so a
 // run may call t.Setenv.
 func onEachSink(t *testing.T, run func(t *testing.T, db sinkDB)) {
-	for _, mk := range []func(*testing.T) sinkDB{
-		func(t *testing.T) sinkDB { return newDatabase(t) },
-		func(t *testing.T) sinkDB { return newMariaDB(t) },
-	} {
-		db := mk(t)
+	for _, newDB := range sinkDBs {
+		db := newDB(t)
 		t.Run(db.dialect(), func(t *testing.T) { run(t, db) })
 	}
+}
+
+// sinkDBs create an empty database of each dialect, private to the test.
+var sinkDBs = []func(*testing.T) sinkDB{
+	func(t *testing.T) sinkDB { return newDatabase(t) },
+	func(t *testing.T) sinkDB { return newMariaDB(t) },
 }
 
 // dsnEnvFor puts db's DSN in the environment and names the variable.
