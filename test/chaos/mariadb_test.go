@@ -13,6 +13,8 @@ import (
 
 	"github.com/idempotency-dev/idc-operator/internal/mysqltest"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/mysql"
 )
 
 // mariaDB is the run's MariaDB database (internal/mysqltest), which is also
@@ -21,9 +23,10 @@ import (
 // every table, so the processlist tells the runtime's sessions (DB = the
 // database) from the test's, as application_name does on PostgreSQL.
 type mariaDB struct {
-	name string
-	dsn  string  // the replicas'
-	db   *sql.DB // the test's
+	name   string
+	dsn    string  // the replicas'
+	ownDSN string  // the test's
+	db     *sql.DB // the test's
 }
 
 var _ sinkDB = (*mariaDB)(nil)
@@ -36,12 +39,13 @@ func newMariaDB(t *testing.T) *mariaDB {
 		t.Fatal(err)
 	}
 	cfg.DBName, cfg.ParseTime, cfg.Loc, cfg.InterpolateParams = "", true, time.UTC, true
-	db, err := sql.Open("mysql", cfg.FormatDSN())
+	own := cfg.FormatDSN()
+	db, err := sql.Open("mysql", own)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	return &mariaDB{name: name, dsn: dsn, db: db}
+	return &mariaDB{name: name, dsn: dsn, ownDSN: own, db: db}
 }
 
 func (m *mariaDB) dialect() string { return "mariadb" }
@@ -54,6 +58,33 @@ func (m *mariaDB) point(cfg *config.Config) {
 
 // tbl is a table of the run's database, qualified and quoted.
 func (m *mariaDB) tbl(name string) string { return "`" + m.name + "`.`" + name + "`" }
+
+func (m *mariaDB) table(name string) string { return m.tbl(name) }
+
+func (m *mariaDB) col(name string) string { return "`" + name + "`" }
+
+func (m *mariaDB) exec(t *testing.T, stmts ...string) {
+	t.Helper()
+	for _, s := range stmts {
+		if _, err := m.db.ExecContext(context.Background(), s); err != nil {
+			t.Fatalf("running %q: %v", s, err)
+		}
+	}
+}
+
+// seam opens the database through the runtime's seam, on the test's DSN
+// (no default database).
+func (m *mariaDB) seam(t *testing.T) sink.DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := mysql.Open(ctx, m.ownDSN)
+	if err != nil {
+		t.Fatalf("opening the seam on MariaDB: %v", err)
+	}
+	t.Cleanup(d.Close)
+	return d
+}
 
 // createTables: the same tables as PostgreSQL's schemaDDL. Event ids are
 // VARBINARY like the inbox's message_id, so the checker's joins compare
