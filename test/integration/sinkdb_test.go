@@ -124,3 +124,22 @@ func appendVerdict(t *testing.T, db sinkDB, test string, kills, failpointKills, 
 	return crashVerdict{test: test, kills: kills, failpointKills: failpointKills, published: published, unique: unique,
 		applied: ids, doubled: doubled, lost: max(unique-ids, 0), stale: db.offPayload(t), extra: max(ids-unique, 0)}
 }
+
+// TestCrashVerdictCounts writes an effects table with an id applied twice,
+// one never applied and one row carrying another message's state, on each
+// sink database, and requires the verdict to count each: the CRASH line's
+// zeros mean something on both dialects.
+func TestCrashVerdictCounts(t *testing.T) {
+	onEachSink(t, func(t *testing.T, db sinkDB) {
+		db.createEffects(t)
+		// evt-000000 twice, evt-000001 with evt-000003's n, evt-000002
+		// never (of 3 published).
+		db.exec(t, "INSERT INTO "+db.table("effects")+" (message_id, n) VALUES ('evt-000000', 0), ('evt-000000', 0), ('evt-000001', 3)")
+		v := appendVerdict(t, db, "verdict", 0, 0, 3, 3)
+		want := crashVerdict{test: "verdict", published: 3, unique: 3, applied: 2, doubled: 1, lost: 1, stale: 1}
+		t.Log(v.line(db))
+		if v != want {
+			t.Errorf("%s: verdict %+v, want %+v", db.dialect(), v, want)
+		}
+	})
+}
