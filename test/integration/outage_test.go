@@ -23,10 +23,10 @@ const outageMessages = 300
 
 // outageLongerThanTheWindow is issue 19's first proof, once per broker and
 // sink database (PostgreSQL, MariaDB), each run with its own broker and
-// database: the real binary commits a batch and dies before acknowledging it (the
-// failpoint), stays down for at least 4× its derived window and longer than
-// retention.StaleAfter, and `idc-runtime prune` runs during the outage and
-// right after the consumer is back. Pruning by the window alone would
+// database: the real binary commits a batch and dies before acknowledging
+// it (the failpoint), stays down for at least 4× its derived window and
+// longer than retention.StaleAfter, and `idc-runtime prune` runs during the
+// outage and right after the consumer is back. Pruning by the window alone would
 // delete the committed ids the broker still holds unacknowledged, and the
 // redelivery would apply them a second time; bounded by the consumer's
 // progress, the job holds back, says why, and the restart applies each id
