@@ -134,7 +134,7 @@ node-check-clean: ## Print what is left of a node; fail if anything is.
 	@hack/node.sh check-clean
 
 .PHONY: test-chaos
-test-chaos: ## Long chaos runs: 100k messages, >= 30 SIGKILLs (some between COMMIT and ack), DB cuts; then the 50k-message two-stage pipeline.
+test-chaos: ## Long chaos runs on PostgreSQL and on MariaDB (one CHAOS line each): 100k messages, >= 30 SIGKILLs (some between COMMIT and ack), DB cuts; then the 50k-message two-stage pipeline on both.
 	@hack/services.sh check
 	IDC_CHAOS=long go test -count=1 -timeout 45m -run TestChaos -v ./test/chaos/...
 	IDC_CHAOS=long go test -count=1 -timeout 20m -run 'TestBinary/PipelineChaos' -v ./test/integration/

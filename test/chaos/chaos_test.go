@@ -65,24 +65,31 @@ func chaosSize(t *testing.T) size {
 	}
 }
 
-// TestChaos: see the package comment.
+// TestChaos: see the package comment. It runs once per sink database
+// (subtests postgres and mariadb), each printing its CHAOS line.
 func TestChaos(t *testing.T) {
 	sz := chaosSize(t)
-	began := time.Now()
 	bin := buildBinary(t)
-	db := newDatabase(t)
-	db.exec(t, schemaDDL...)
+	for _, newDB := range sinkDBs {
+		db := newDB(t)
+		t.Run(db.dialect(), func(t *testing.T) { chaosRun(t, sz, bin, db) })
+	}
+}
+
+func chaosRun(t *testing.T, sz size, bin string, db sinkDB) {
+	began := time.Now()
+	db.createTables(t)
 	s := newStream(t)
 	s.addConsumer(t, "append", sz.ackWait)
 	s.addConsumer(t, "upsert", sz.ackWait)
-	reps := replicas(s)
-	f := newFleet(t, bin, dsnEnv+"="+db.dsn)
-	t.Logf("built and set up in %s", time.Since(began).Round(100*time.Millisecond))
+	reps := replicas(s, db)
+	f := newFleet(t, bin, dsnEnv+"="+db.runtimeDSN())
+	t.Logf("set up in %s", time.Since(began).Round(100*time.Millisecond))
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("%s form, seed %d: %d messages, 3 replicas each of an append and an upsert consumer", sz.name, seed, sz.messages)
+	t.Logf("%s form on %s, seed %d: %d messages, 3 replicas each of an append and an upsert consumer", sz.name, db.dialect(), seed, sz.messages)
 	w := newWorkload(sz.messages, sz.versions, dupShare, newRand(seed))
 	pub := newPublisher(s, w, sz.messages/10)
-	d := newDriver(sz, f, reps, newConnectionCutter(t, db.name), s, pub, seed)
+	d := newDriver(sz, f, reps, db.newCutter(t), s, pub, seed)
 
 	ctx, cancel := context.WithTimeout(context.Background(), sz.deadline)
 	defer cancel()
@@ -104,7 +111,7 @@ func TestChaos(t *testing.T) {
 	reportUnexpected(t, d.st)
 	checkBroker(t, s, pub)
 	v := checkDatabase(t, db, pub)
-	line := v.line(d.st.kills(), int(pub.sent.Load()))
+	line := v.line(d.st.kills(), int(pub.sent.Load()), db.dialect())
 	fmt.Println(line)
 	t.Log(line)
 	t.Logf("%s; chaos %s, settling %s, total %s", d.st, chaosEnd.Sub(began).Round(time.Second),
@@ -123,10 +130,12 @@ func runChaos(ctx context.Context, t *testing.T, d *driver, pub *publisher) {
 	}
 }
 
-// replicas are three of each consumer, as a Deployment with replicas: 3.
-func replicas(s *stream) []*replica {
+// replicas are three of each consumer, as a Deployment with replicas: 3,
+// on the run's sink database.
+func replicas(s *stream, db sinkDB) []*replica {
 	var out []*replica
 	for _, cfg := range []*config.Config{appendConfig(s), upsertConfig(s)} {
+		db.point(cfg)
 		for i := range 3 {
 			out = append(out, &replica{name: fmt.Sprintf("%s-%d", cfg.Source.NATSJetStream.Consumer, i), cfg: *cfg})
 		}

@@ -7,7 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Sink tables, all in schema chaos. The append consumer writes one events
+// PostgreSQL's sink tables, all in schema chaos (MariaDB's:
+// mariadb_test.go). The append consumer writes one events
 // row per applied message and has no unique constraint, so a double
 // application is a second row; the upsert consumer keeps one orders row per
 // key behind the sequence gate, and a trigger logs every change it makes.
@@ -47,7 +48,7 @@ type verdict struct {
 
 // check loads the published events into chaos.published and runs the
 // queries. It reads nothing from the runtime's metrics or logs.
-func check(ctx context.Context, db *database, published []event) (verdict, error) {
+func (db *database) check(ctx context.Context, published []event) (verdict, error) {
 	if err := loadPublished(ctx, db, published); err != nil {
 		return verdict{}, err
 	}
@@ -126,7 +127,7 @@ func loadPublished(ctx context.Context, db *database, published []event) error {
 	return nil
 }
 
-func (v verdict) line(kills, published int) string {
-	return fmt.Sprintf("CHAOS kills=%d published=%d unique=%d applied=%d doubled=%d lost=%d stale=%d",
-		kills, published, v.unique, v.applied, v.doubled, v.lost, v.stale)
+func (v verdict) line(kills, published int, dialect string) string {
+	return fmt.Sprintf("CHAOS kills=%d published=%d unique=%d applied=%d doubled=%d lost=%d stale=%d db=%s",
+		kills, published, v.unique, v.applied, v.doubled, v.lost, v.stale, dialect)
 }

@@ -11,7 +11,7 @@ import (
 type chaosStats struct {
 	driverKills    int // SIGKILLs sent by the driver
 	failpointKills int // replicas that SIGKILLed themselves between COMMIT and ack
-	cuts           int // rounds of pg_terminate_backend that hit a runtime backend
+	cuts           int // rounds of connection cuts (pg_terminate_backend, KILL CONNECTION) that hit a runtime session
 	backendsCut    int
 	busyKills      int           // driver kills while the victim's consumer had undelivered messages
 	busyCuts       int           // cuts while a consumer had undelivered messages
@@ -36,7 +36,7 @@ type driver struct {
 	fleet     *fleet
 	reps      []*replica
 	rng       *rand.Rand
-	cutter    *connectionCutter
+	cutter    cutter
 	stream    *stream
 	pub       *publisher
 	st        chaosStats
@@ -45,7 +45,7 @@ type driver struct {
 	pending   int // restarts scheduled and not yet done
 }
 
-func newDriver(sz size, f *fleet, reps []*replica, cutter *connectionCutter, s *stream, pub *publisher, seed uint64) *driver {
+func newDriver(sz size, f *fleet, reps []*replica, cutter cutter, s *stream, pub *publisher, seed uint64) *driver {
 	return &driver{sz: sz, fleet: f, reps: reps, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		cutter: cutter, stream: s, pub: pub, restartCh: make(chan *replica, 2*len(reps))}
 }

@@ -103,11 +103,11 @@ func checkBroker(t *testing.T, s *stream, pub *publisher) {
 	}
 }
 
-func checkDatabase(t *testing.T, db *database, pub *publisher) verdict {
+func checkDatabase(t *testing.T, db sinkDB, pub *publisher) verdict {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	v, err := check(ctx, db, pub.published())
+	v, err := db.check(ctx, pub.published())
 	if err != nil {
 		t.Fatalf("checking the database: %v", err)
 	}

@@ -14,18 +14,19 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // outageMessages is how many messages each broker's run publishes.
 const outageMessages = 300
 
-// outageLongerThanTheWindow is issue 19's first proof, once per broker: the
-// real binary commits a batch and dies before acknowledging it (the
-// failpoint), stays down for at least 4× its derived window and longer than
-// retention.StaleAfter, and `idc-runtime prune` runs during the outage and
-// right after the consumer is back. Pruning by the window alone would
+// outageLongerThanTheWindow is issue 19's first proof, once per broker and
+// sink database (PostgreSQL, MariaDB), each run with its own broker and
+// database: the real binary commits a batch and dies before acknowledging
+// it (the failpoint), stays down for at least 4× its derived window and
+// longer than retention.StaleAfter, and `idc-runtime prune` runs during the
+// outage and right after the consumer is back. Pruning by the window alone would
 // delete the committed ids the broker still holds unacknowledged, and the
 // redelivery would apply them a second time; bounded by the consumer's
 // progress, the job holds back, says why, and the restart applies each id
@@ -36,7 +37,32 @@ const outageMessages = 300
 // parallel: newRabbitMQ and dsnEnvFor call t.Setenv, which a parallel test
 // may not.
 func outageLongerThanTheWindow(t *testing.T, bin string) {
-	brokers := []broker{
+	type run struct {
+		b      broker
+		db     sinkDB
+		dsnEnv string
+	}
+	var runs []run
+	for _, newDB := range sinkDBs {
+		for _, b := range outageBrokers(t) {
+			db := newDB(t)
+			db.createEffects(t)
+			runs = append(runs, run{b: b, db: db, dsnEnv: dsnEnvFor(t, db)})
+		}
+	}
+	for _, r := range runs {
+		t.Run(r.b.name()+"/"+r.db.dialect(), func(t *testing.T) {
+			// Each run is mostly waiting out the outage: together they take
+			// as long as one.
+			t.Parallel()
+			outageRun(t, bin, r.b, r.db, r.dsnEnv, outageScenario{})
+		})
+	}
+}
+
+// outageBrokers are one broker of each kind, private to one run.
+func outageBrokers(t *testing.T) []broker {
+	return []broker{
 		// AckWait 2s: the restarted runtime gets the abandoned deliveries
 		// back at once (they waited out the lease during the outage).
 		newJetStream(t, 2*time.Second),
@@ -47,25 +73,6 @@ func outageLongerThanTheWindow(t *testing.T, bin string) {
 		newRabbitMQ(t),
 		// ClaimMinIdle 1s: the redelivery lease of the pending entries.
 		newRedis(t, time.Second),
-	}
-	type run struct {
-		b      broker
-		db     *database
-		dsnEnv string
-	}
-	runs := make([]run, len(brokers))
-	for i, b := range brokers {
-		db := newDatabase(t)
-		db.exec(t, "CREATE SCHEMA app", effectsTable)
-		runs[i] = run{b: b, db: db, dsnEnv: dsnEnvFor(t, db)}
-	}
-	for _, r := range runs {
-		t.Run(r.b.name(), func(t *testing.T) {
-			// Each run is mostly waiting out the outage: together they take
-			// as long as one.
-			t.Parallel()
-			outageRun(t, bin, r.b, r.db, r.dsnEnv, outageScenario{})
-		})
 	}
 }
 
@@ -220,7 +227,7 @@ type outageScenario struct {
 	// down publishes (publish), runs the first runtime and returns once it
 	// is dead with claims committed whose acknowledgements the broker does
 	// not have; nil: killed at the after-commit-before-ack failpoint.
-	down func(t *testing.T, bin string, cfg *config.Config, db *database, publish func())
+	down func(t *testing.T, bin string, cfg *config.Config, db sinkDB, publish func())
 	// gone runs once the broker showed nothing acknowledged (re-creating
 	// the consumer).
 	gone func(t *testing.T)
@@ -228,10 +235,11 @@ type outageScenario struct {
 	reason []string
 }
 
-func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, sc outageScenario) {
+func outageRun(t *testing.T, bin string, b broker, db sinkDB, dsnEnv string, sc outageScenario) {
 	began := time.Now()
 	ctx := context.Background()
 	cfg := appendConfig(b.sourceConfig(), dsnEnv)
+	db.point(cfg)
 	// A short derived window: every broker here leaves a horizon unbounded
 	// (JetStream: no max_age and max_deliver -1; Kafka: retention.ms -1;
 	// RabbitMQ 3.x quorum queue: no delivery limit; Redis: always), so
@@ -251,7 +259,7 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 	}
 	t.Logf("%s: derived window W=%s from %s", b.name(), w, derived.DerivedFrom)
 	pruneCfg := writeConfig(t, cfg)
-	store, err := inbox.ForConfig(db.pool, cfg)
+	store, err := sink.InboxFor(db.seam(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,23 +279,19 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 	sc.down(t, bin, &first, db, func() { b.publish(t, msgs) })
 	killedAt := time.Now()
 	// Another lane's COMMIT may have been on its way when the process died:
-	// count once PostgreSQL has closed every session of the dead process.
+	// count once the database has closed every session of the dead process.
 	waitFor(t, 20*time.Second, "the killed runtime's database sessions to end", func() error {
-		n := db.queryInt(t, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'idc-runtime'", db.name)
-		if n != 0 {
+		if n := db.runtimeSessions(t); n != 0 {
 			return fmt.Errorf("%d sessions left", n)
 		}
 		return nil
 	})
-	committed := db.queryInt(t, "SELECT count(*) FROM app.effects")
-	inboxRows := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders")
+	committed := db.queryInt(t, "SELECT count(*) FROM "+db.table("effects"))
+	inboxRows, _ := db.claims(t, "inbox_orders")
 	if committed == 0 || committed > outageMessages || inboxRows != committed {
 		t.Fatalf("after the failpoint: %d effects, %d inbox rows of %d messages; want a committed batch, one inbox row each", committed, inboxRows, outageMessages)
 	}
-	var committedIDs []string
-	if err := db.pool.QueryRow(ctx, "SELECT array_agg(message_id) FROM app.inbox_orders").Scan(&committedIDs); err != nil {
-		t.Fatal(err)
-	}
+	committedIDs := db.claimedIDs(t, "inbox_orders")
 	acked := nothingAcknowledged(t, b, outageMessages)
 	t.Logf("%s: killed after committing %d effects; broker: %s", b.name(), committed, acked)
 	if sc.gone != nil {
@@ -299,7 +303,7 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 	// redelivery then does (the doubled effects).
 	kept := func(when string, r pruneReport) {
 		t.Helper()
-		n := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders WHERE message_id = ANY($1)", committedIDs)
+		n := db.countClaimed(t, "inbox_orders", committedIDs)
 		if n != len(committedIDs) || r.RowsDeleted != 0 {
 			t.Errorf("%s: prune %s deleted %d rows: %d of the %d ids committed and never acknowledged are left in the inbox\n%s",
 				b.name(), when, r.RowsDeleted, n, len(committedIDs), r.output)
@@ -319,9 +323,7 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 	// a few seconds before the kill was seen here on a busy machine: the
 	// outage step 3 asserts is also waited for.
 	waitFor(t, 2*retention.StaleAfter, "the killed replica's progress record to go stale and the outage to pass StaleAfter and 4×W", func() error {
-		n := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders_progress WHERE NOT stopped AND now() - heartbeat_at > make_interval(secs => $1)",
-			(retention.StaleAfter + time.Second).Seconds())
-		if n == 0 {
+		if n := db.staleProgress(t, "inbox_orders_progress", retention.StaleAfter+time.Second); n == 0 {
 			return fmt.Errorf("no stale progress record")
 		}
 		if down := time.Since(killedAt); down <= retention.StaleAfter || down < 4*w {
@@ -337,7 +339,7 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 		t.Errorf("%s: prune with the replica gone: want heldBack, heldFor and a reason naming the replica that stopped without acknowledging, read from the broker, saying %q: %s",
 			b.name(), sc.reason, held)
 	}
-	if n := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders"); n != inboxRows {
+	if n, _ := db.claims(t, "inbox_orders"); n != inboxRows {
 		t.Errorf("%s: %d inbox rows after pruning during the outage, want the %d there were", b.name(), n, inboxRows)
 	}
 	last, err := store.LastPruneRun(ctx)
@@ -363,7 +365,7 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 	back := runPrune(t, bin, pruneCfg)
 	t.Logf("%s: prune right after the restart: %s", b.name(), back)
 	waitFor(t, 90*time.Second, "every message applied", func() error {
-		if n := db.queryInt(t, "SELECT count(DISTINCT message_id) FROM app.effects"); n < outageMessages {
+		if _, n, _ := db.effects(t, "effects", "message_id"); n < outageMessages {
 			return fmt.Errorf("%d of %d ids applied", n, outageMessages)
 		}
 		return nil
@@ -393,19 +395,20 @@ func outageRun(t *testing.T, bin string, b broker, db *database, dsnEnv string, 
 	if last == nil || last.HeldReason != "" || !last.Cutoff.Equal(last.WindowCutoff) {
 		t.Errorf("%s: last recorded prune run %+v: want no hold, cutoff = window_cutoff", b.name(), last)
 	} else {
-		old := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders WHERE processed_at < $1", last.WindowCutoff)
-		left := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders WHERE message_id = ANY($1)", committedIDs)
+		old := db.claimedBefore(t, "inbox_orders", last.WindowCutoff)
+		left := db.countClaimed(t, "inbox_orders", committedIDs)
 		if old != 0 || left != 0 {
 			t.Errorf("%s: after the released prune %d inbox rows older than the window remain, %d of the ids committed before the kill", b.name(), old, left)
 		}
 	}
 	t.Logf("%s: W=%s, down %s, %d committed before the kill and kept through the outage, released run deleted %d; took %s",
 		b.name(), w, outage.Truncate(time.Second), committed, after.RowsDeleted, time.Since(began).Truncate(time.Second))
+	appendVerdict(t, db, "outage/"+b.name(), 1, 1, outageMessages, outageMessages).judge(t, db)
 }
 
 // killedAtTheFailpoint publishes, and runs the runtime until it kills
 // itself between its first COMMIT and the ack.
-func killedAtTheFailpoint(t *testing.T, bin string, cfg *config.Config, _ *database, publish func()) {
+func killedAtTheFailpoint(t *testing.T, bin string, cfg *config.Config, _ sinkDB, publish func()) {
 	publish()
 	p := startBinary(t, bin, cfg, "IDC_FAILPOINT=after-commit-before-ack")
 	st := p.wait(t, 60*time.Second)

@@ -30,9 +30,10 @@ type pipelineNode struct {
 // the relay published them, some between the relay's publish and
 // mark-sent (the long form waits until each kind fired). Then
 // everything runs unarmed until both stages drained, and the database alone
-// must show one row in B per original order and B's inbox holding each
-// event id once.
-func pipelineChaos(t *testing.T, bin string) {
+// must show one row in B per original order, B's inbox holding each event
+// id once, and A's orders at each key's highest version. It runs on each
+// sink database (sinkDB).
+func pipelineChaos(t *testing.T, bin string, db sinkDB) {
 	unique, minKills, minFailpoints := 3000, 6, 1
 	if os.Getenv("IDC_CHAOS") == "long" { // make test-chaos: 50,000 messages
 		unique, minKills, minFailpoints = 40000, 30, 5
@@ -40,12 +41,15 @@ func pipelineChaos(t *testing.T, bin string) {
 	in := newJetStream(t, 2*time.Second)
 	mid := newJetStream(t, 2*time.Second)
 	shortenDuplicateWindow(t, mid) // republished events reach B's inbox
-	db := newPipelineDatabase(t)
+	db.createPipeline(t)
 	a := stageAConfig(in.sourceConfig(), dsnEnvFor(t, db), mid.subject+".projected", config.EmitAlways)
 	b := stageBConfig(mid.sourceConfig(), a.Sink.DSNEnv)
+	db.point(a)
+	db.point(b)
 	migrateInbox(t, db, a)
 	migrateInbox(t, db, b)
-	msgs := withDuplicates(keyedEvents(unique, 100), dupShare, rand.New(rand.NewPCG(9, 10)))
+	orders := keyedEvents(unique, 100)
+	msgs := withDuplicates(orders, dupShare, rand.New(rand.NewPCG(9, 10)))
 
 	rng := rand.New(rand.NewPCG(11, 12))
 	nodes := []*pipelineNode{{name: "a0", cfg: *a, stage: "a"}, {name: "a1", cfg: *a, stage: "a"}, {name: "b0", cfg: *b, stage: "b"}, {name: "b1", cfg: *b, stage: "b"}}
@@ -162,7 +166,7 @@ func pipelineChaos(t *testing.T, bin string) {
 		if err := in.drained(ctx); err != nil {
 			return err
 		}
-		if n := db.queryInt(t, "SELECT count(*) FROM app.inbox_projector_outbox WHERE sent_at IS NULL"); n != 0 {
+		if n := db.queryInt(t, "SELECT count(*) FROM "+db.table("inbox_projector_outbox")+" WHERE sent_at IS NULL"); n != 0 {
 			return fmt.Errorf("%d outbox rows unsent", n)
 		}
 		return mid.drained(ctx)
@@ -170,21 +174,43 @@ func pipelineChaos(t *testing.T, bin string) {
 	for _, n := range nodes {
 		expectCleanExit(t, n.proc, n.proc.terminate(t))
 	}
-	rows := db.queryInt(t, "SELECT count(*) FROM app.projected")
-	ids := db.queryInt(t, "SELECT count(DISTINCT source_id) FROM app.projected")
-	events := db.queryInt(t, "SELECT count(*) FROM app.inbox_audit")
-	distinctEvents := db.queryInt(t, "SELECT count(DISTINCT message_id) FROM app.inbox_audit")
-	dead := db.queryInt(t, "SELECT (SELECT count(*) FROM app.inbox_projector_dead_letters) + (SELECT count(*) FROM app.inbox_audit_dead_letters)")
+	rows, ids, doubled := db.effects(t, "projected", "source_id")
+	events, distinctEvents := db.claims(t, "inbox_audit")
+	dead := db.queryInt(t, "SELECT (SELECT count(*) FROM "+db.table("inbox_projector_dead_letters")+") + (SELECT count(*) FROM "+db.table("inbox_audit_dead_letters")+")")
+	stale := staleOrders(t, db, orders)
 	t.Logf("failpoint kills by kind: %v", byFailpoint)
-	t.Logf("PIPELINE kills=%d failpointKills=%d published=%d stageB=%d unique=%d final=%d doubled=%d lost=%d",
-		kills+failpointKills, failpointKills, len(msgs), streamMessages(t, mid), unique, ids, rows-ids, unique-ids)
-	if rows != unique || ids != unique {
-		t.Errorf("stage B: %d rows over %d original orders, want exactly %d, one each", rows, ids, unique)
+	line := fmt.Sprintf("PIPELINE kills=%d failpointKills=%d published=%d stageB=%d unique=%d final=%d doubled=%d lost=%d stale=%d db=%s",
+		kills+failpointKills, failpointKills, len(msgs), streamMessages(t, mid), unique, ids, doubled, unique-ids, stale, db.dialect())
+	fmt.Println(line)
+	t.Log(line)
+	if rows != unique || ids != unique || doubled != 0 {
+		t.Errorf("stage B: %d rows over %d original orders (%d doubled), want exactly %d, one each", rows, ids, doubled, unique)
 	}
 	if events != distinctEvents || events != unique {
 		t.Errorf("stage B's inbox: %d rows, %d distinct; want %d of each", events, distinctEvents, unique)
 	}
+	if stale != 0 {
+		t.Errorf("stage A: %d keys of orders not at their highest version", stale)
+	}
 	if dead != 0 {
 		t.Errorf("%d dead letters, want none", dead)
 	}
+}
+
+// staleOrders counts the keys whose orders row (stage A's upsert) is
+// missing or not at the highest version published for the key.
+func staleOrders(t *testing.T, db sinkDB, orders []event) int {
+	t.Helper()
+	top := map[string]int{}
+	for _, e := range orders {
+		top[e.Key] = max(top[e.Key], e.Version)
+	}
+	got := db.versions(t, "orders", "order_id", "version")
+	stale := 0
+	for k, v := range top {
+		if g, ok := got[k]; !ok || g != v {
+			stale++
+		}
+	}
+	return stale + max(len(got)-len(top), 0)
 }

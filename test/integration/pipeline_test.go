@@ -142,15 +142,14 @@ func TestEmitWhenChanged(t *testing.T) {
 	}
 }
 
-// newPipelineDatabase is a database with the two stages' tables: stage A's
-// orders projection and stage B's append-only projected events (no unique
-// key, so an event applied twice is a second row; hdr holds a header).
+// newPipelineDatabase is a PostgreSQL database with the two stages' tables
+// (sinkDB.createPipeline): stage A's orders projection and stage B's
+// append-only projected events (no unique key, so an event applied twice
+// is a second row; hdr holds a header).
 func newPipelineDatabase(t *testing.T) *database {
 	t.Helper()
 	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app",
-		"CREATE TABLE app.orders (order_id text PRIMARY KEY, status text, version int)",
-		"CREATE TABLE app.projected (seq bigserial PRIMARY KEY, event_id text NOT NULL, source_id text NOT NULL, version int, hdr text)")
+	db.createPipeline(t)
 	return db
 }
 

@@ -24,7 +24,7 @@ import (
 type settleRun struct {
 	name   string
 	b      broker
-	db     *database
+	db     sinkDB
 	dsnEnv string
 	sc     outageScenario
 }
@@ -41,7 +41,7 @@ func (r settleRun) run(t *testing.T, bin string) {
 // parallel (dsnEnvFor calls t.Setenv).
 func newSettleRun(t *testing.T, name string, b broker, sc outageScenario) settleRun {
 	db := newDatabase(t)
-	db.exec(t, "CREATE SCHEMA app", effectsTable)
+	db.createEffects(t)
 	return settleRun{name: name, b: b, db: db, dsnEnv: dsnEnvFor(t, db), sc: sc}
 }
 
@@ -145,8 +145,13 @@ func acksLostOnAHalfOpenConnection(t *testing.T, bin string) {
 // batch and heartbeats written for longer than retention.AnchorSlack after
 // it, and stops the runtime with sig.
 // The dead connection is closed once the process is gone.
-func halfOpen(hole *blackhole, match func() func([]byte) bool, sig syscall.Signal) func(*testing.T, string, *config.Config, *database, func()) {
-	return func(t *testing.T, bin string, cfg *config.Config, db *database, publish func()) {
+// It reads PostgreSQL's progress records: these runs are on PostgreSQL.
+func halfOpen(hole *blackhole, match func() func([]byte) bool, sig syscall.Signal) func(*testing.T, string, *config.Config, sinkDB, func()) {
+	return func(t *testing.T, bin string, cfg *config.Config, sdb sinkDB, publish func()) {
+		db, ok := sdb.(*database)
+		if !ok {
+			t.Fatalf("halfOpen runs on PostgreSQL, not on %s", sdb.dialect())
+		}
 		hole.halfOpenAt(match)
 		publish()
 		p := startBinary(t, bin, cfg)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +17,7 @@ import (
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/consumer"
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 	"github.com/idempotency-dev/idc-operator/runtime/source"
 	"github.com/idempotency-dev/idc-operator/runtime/source/open"
@@ -281,15 +280,13 @@ func waitSettled(t *testing.T, total int, timeout time.Duration, runners ...*run
 
 // checkExactlyOnce asserts one effect row per unique id, none doubled, no
 // dead letters, and that the broker holds nothing unacknowledged.
-func checkExactlyOnce(t *testing.T, db *database, b broker, unique int) {
+func checkExactlyOnce(t *testing.T, db sinkDB, b broker, unique int) {
 	t.Helper()
-	rows := db.queryInt(t, "SELECT count(*) FROM app.effects")
-	ids := db.queryInt(t, "SELECT count(DISTINCT message_id) FROM app.effects")
-	doubled := db.queryInt(t, "SELECT count(*) FROM (SELECT message_id FROM app.effects GROUP BY 1 HAVING count(*) > 1) d")
+	rows, ids, doubled := db.effects(t, "effects", "message_id")
 	if rows != unique || ids != unique || doubled != 0 {
 		t.Errorf("%s: %d effect rows over %d ids (%d ids doubled), want exactly %d, one each", b.name(), rows, ids, doubled, unique)
 	}
-	if dl := db.queryInt(t, "SELECT count(*) FROM app.inbox_orders_dead_letters"); dl != 0 {
+	if dl := db.queryInt(t, "SELECT count(*) FROM "+db.table("inbox_orders_dead_letters")); dl != 0 {
 		t.Errorf("%s: %d dead letters, want none", b.name(), dl)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -300,21 +297,14 @@ func checkExactlyOnce(t *testing.T, db *database, b broker, unique int) {
 }
 
 // migrateInbox provisions the inbox as the controller (or the runtime at
-// startup) would.
-func migrateInbox(t *testing.T, db *database, cfg *config.Config) {
+// startup) would, through the seam.
+func migrateInbox(t *testing.T, db sinkDB, cfg *config.Config) {
 	t.Helper()
-	store, err := inbox.ForConfig(db.pool, cfg)
+	store, err := sink.InboxFor(db.seam(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func dsnEnvFor(t *testing.T, db *database) string {
-	t.Helper()
-	name := "IDC_INTEGRATION_DSN_" + strings.ToUpper(db.name[len(db.name)-6:])
-	t.Setenv(name, db.dsn)
-	return name
 }
