@@ -138,14 +138,17 @@ var _ = Describe("invalid resources", func() {
 			set(o, "spec.retention.window", "0s")
 		}, "spec.retention.window", "window must be positive"},
 		"inbox table with capitals": {func(o *unstructured.Unstructured) { set(o, "spec.sink.inbox.table", "Inbox-Orders") },
-			"spec.sink.inbox.table", "should match '^[a-z_][a-z0-9_]{0,62}$'"},
+			"spec.sink.inbox.table", "should match '^[a-z_][a-z0-9_]{0,63}$'"},
 		"schema starting with a digit": {func(o *unstructured.Unstructured) { set(o, "spec.sink.postgres.schema", "1projections") },
 			"spec.sink.postgres.schema", "should match"},
 		"SQL injection in a table name": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.effect.upsert.table", "orders; drop table users")
 		}, "spec.sink.effect.upsert.table", "should match"},
-		"identifier longer than 63": {func(o *unstructured.Unstructured) {
+		"identifier longer than 63 on PostgreSQL": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.inbox.table", strings.Repeat("a", 64))
+		}, "spec.sink.inbox.table", "table must be at most 63 characters on PostgreSQL"},
+		"identifier longer than 64": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.inbox.table", strings.Repeat("a", 65))
 		}, "spec.sink.inbox.table", "Too long"},
 		"upsert key not among columns": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.effect.upsert.key", []string{"customer_id"})
