@@ -28,23 +28,23 @@ type podSummary struct {
 
 // statusReport is what `status` prints.
 type statusReport struct {
-	Name               string                     `json:"name"`
-	Namespace          string                     `json:"namespace"`
-	Generation         int64                      `json:"generation"`
-	ObservedGeneration int64                      `json:"observedGeneration"`
-	Source             string                     `json:"source,omitempty"`
-	Guarantee          string                     `json:"guarantee,omitempty"`
-	Suspended          bool                       `json:"suspended,omitempty"`
+	Name               string `json:"name"`
+	Namespace          string `json:"namespace"`
+	Generation         int64  `json:"generation"`
+	ObservedGeneration int64  `json:"observedGeneration"`
+	Source             string `json:"source,omitempty"`
+	Guarantee          string `json:"guarantee,omitempty"`
+	Suspended          bool   `json:"suspended,omitempty"`
 	// Sink is the sink database and where the inbox lives in it:
 	// "postgres, schema <s>" or "mysql, database <d>".
-	Sink string `json:"sink"`
-	Conditions         []metav1.Condition         `json:"conditions"`
-	Window             windowExplanation          `json:"window"`
-	Lag                *int64                     `json:"lag,omitempty"`
-	Inbox              *v1alpha1.InboxStatus      `json:"inbox,omitempty"`
-	LastPrune          *v1alpha1.PruneRunStatus   `json:"lastPrune,omitempty"`
-	LastRedrive        *v1alpha1.RedriveRunStatus `json:"lastRedrive,omitempty"`
-	Outbox             *v1alpha1.OutboxStatus     `json:"outbox,omitempty"`
+	Sink        string                     `json:"sink"`
+	Conditions  []metav1.Condition         `json:"conditions"`
+	Window      windowExplanation          `json:"window"`
+	Lag         *int64                     `json:"lag,omitempty"`
+	Inbox       *v1alpha1.InboxStatus      `json:"inbox,omitempty"`
+	LastPrune   *v1alpha1.PruneRunStatus   `json:"lastPrune,omitempty"`
+	LastRedrive *v1alpha1.RedriveRunStatus `json:"lastRedrive,omitempty"`
+	Outbox      *v1alpha1.OutboxStatus     `json:"outbox,omitempty"`
 	// UsesOutbox: spec.emit, or an http effect delivered through the outbox.
 	UsesOutbox bool                    `json:"usesOutbox"`
 	Runtime    *v1alpha1.RuntimeStatus `json:"runtime,omitempty"`
