@@ -68,9 +68,26 @@ var _ = Describe("samples", func() {
 			Expect(err).NotTo(HaveOccurred())
 			all.Write(b)
 		}
-		for _, want := range []string{"natsJetStream:", "kafka:", "rabbitmq:", "redisStreams:", "upsert:", "append:", "sql:", "http:", "emit:"} {
+		for _, want := range []string{"natsJetStream:", "kafka:", "rabbitmq:", "redisStreams:", "upsert:", "append:", "sql:", "http:", "emit:", "postgres:", "mysql:"} {
 			Expect(all.String()).To(ContainSubstring(want))
 		}
+	})
+
+	It("has a MySQL sample for every transactional effect kind", func() {
+		covered := map[string]bool{}
+		for _, f := range files {
+			obj := loadYAML(f)
+			if _, ok, _ := unstructured.NestedMap(obj.Object, "spec", "sink", "mysql"); !ok {
+				continue
+			}
+			effect, _, _ := unstructured.NestedMap(obj.Object, "spec", "sink", "effect")
+			for kind := range effect {
+				covered[kind] = true
+			}
+		}
+		Expect(covered).To(HaveKey("upsert"))
+		Expect(covered).To(HaveKey("append"))
+		Expect(covered).To(HaveKey("sql"))
 	})
 
 	for _, f := range files {
