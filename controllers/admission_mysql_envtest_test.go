@@ -123,6 +123,8 @@ var _ = Describe("admission of a MySQL sink", func() {
 			"UPDATE t SET n = n --? not a comment in MySQL\nWHERE id = :id",
 			"UPDATE t SET n = :n WHERE id=?",
 			"UPDATE `t` SET n = :n WHERE id IN (?, :id)",
+			"UPDATE t SET n = :n --\nWHERE id = ?",
+			"UPDATE t SET n = :n # c\nWHERE id = ?",
 		} {
 			_, _, runtimeErr := effect.ConvertNamedParamsMySQL(stmt)
 			Expect(runtimeErr).To(MatchError(ContainSubstring("positional parameter")), stmt)
@@ -151,6 +153,41 @@ var _ = Describe("admission of a MySQL sink", func() {
 		idc := valid()
 		idc.Spec.Sink.Effect = sqlEffect("UPDATE t SET n = :n WHERE doc ? 'id' AND id = :id")
 		Expect(dryRun(idc)).To(Succeed())
+	})
+
+	// MariaDB, asked the same (without multi-statements, as the runtime's
+	// driver connects), accepts a ';' followed only by ';' or comments and
+	// refuses a second command; admission reads MySQL's quotes and comments
+	// where PostgreSQL's rule would not.
+	It("refuses a second command in a MySQL sql statement, reading MySQL's quotes and comments, naming spec.sink.effect.sql.statement", func() {
+		for _, stmt := range []string{
+			"UPDATE t SET n = :n WHERE id = :id; DELETE FROM t",
+			"UPDATE t SET n = :n WHERE id = :id;/* c */DELETE FROM t",
+			"UPDATE t SET s = 'a\\\\'; DELETE FROM t WHERE id = :id",
+			"UPDATE t SET n = :n -- c\n; DELETE FROM t WHERE id = :id",
+			"UPDATE t SET n = :n WHERE id = :id;\n# c\nDELETE FROM t",
+		} {
+			idc := onMySQL()
+			idc.Spec.Sink.Effect = sqlEffect(stmt)
+			rejected(idc, "spec.sink.effect.sql.statement", "exactly one command")
+		}
+		for _, stmt := range []string{
+			"UPDATE t SET s = 'it\\'s; fine' WHERE id = :id AND n = :n",
+			`UPDATE t SET s = "a\"; b" WHERE id = :id AND n = :n`,
+			"UPDATE t SET n = :n WHERE id = :id; -- done",
+			"UPDATE t SET n = :n WHERE id = :id; # done",
+			"UPDATE t SET n = :n WHERE id = :id; /* done; DELETE FROM t */",
+			"UPDATE t SET n = :n /* ; DELETE FROM t */ WHERE id = :id;;",
+			"UPDATE `a;b` SET n = :n WHERE id = :id",
+		} {
+			idc := onMySQL()
+			idc.Spec.Sink.Effect = sqlEffect(stmt)
+			Expect(dryRun(idc)).To(Succeed(), stmt)
+		}
+		// PostgreSQL's rule is unchanged: a backslash does not escape there.
+		idc := valid()
+		idc.Spec.Sink.Effect = sqlEffect("UPDATE t SET s = 'it\\'s; DELETE FROM t WHERE id = :id AND n = :n")
+		rejected(idc, "spec.sink.effect.sql.statement", "exactly one command")
 	})
 
 	It("keeps PostgreSQL's 63-character identifiers, naming each field", func() {

@@ -12,7 +12,9 @@ package v1alpha1
 // +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.upsert) || self.effect.upsert.columns.all(k, size(k) <= 63)",message="column names must be at most 63 characters on PostgreSQL",fieldPath=".effect.upsert.columns"
 // +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.append) || size(self.effect.append.table) <= 63",message="table must be at most 63 characters on PostgreSQL",fieldPath=".effect.append.table"
 // +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.append) || self.effect.append.columns.all(k, size(k) <= 63)",message="column names must be at most 63 characters on PostgreSQL",fieldPath=".effect.append.columns"
-// +kubebuilder:validation:XValidation:rule=`!has(self.mysql) || !has(self.effect.sql) || !self.effect.sql.statement.findAll('(?s)\'([^\'\\\\]|\\\\.|\'\')*\'|"([^"\\\\]|\\\\.|"")*"|\\x60([^\\x60]|\\x60\\x60)*\\x60|#[^\\n]*|--[\\x00- ][^\\n]*|/\\*.*?\\*/|\\?').exists(t, t == '?')`,message="a positional ? parameter is not supported on MySQL: name every parameter (:name) and map it in params",fieldPath=".effect.sql.statement"
+// +kubebuilder:validation:XValidation:rule=`!has(self.mysql) || !has(self.effect.sql) || !self.effect.sql.statement.findAll('(?s)\'([^\'\\\\]|\\\\.|\'\')*\'|"([^"\\\\]|\\\\.|"")*"|\\x60([^\\x60]|\\x60\\x60)*\\x60|#[^\\n]*(\\n|$)|--(\\n|[\\x00-\\x09\\x0b- ][^\\n]*(\\n|$)|$)|/\\*.*?\\*/|\\?').exists(t, t == '?')`,message="a positional ? parameter is not supported on MySQL: name every parameter (:name) and map it in params",fieldPath=".effect.sql.statement"
+// +kubebuilder:validation:XValidation:rule=`!has(self.postgres) || !has(self.effect.sql) || !self.effect.sql.statement.matches('^([^;\'"]|\'[^\']*\'|"[^"]*")*;\\s*[^;\\s]')`,message="statement must hold exactly one command (no ';' followed by another statement)",fieldPath=".effect.sql.statement"
+// +kubebuilder:validation:XValidation:rule=`!has(self.mysql) || !has(self.effect.sql) || !self.effect.sql.statement.findAll('(?s)\'([^\'\\\\]|\\\\.|\'\')*\'|"([^"\\\\]|\\\\.|"")*"|\\x60([^\\x60]|\\x60\\x60)*\\x60|#[^\\n]*(\\n|$)|--(\\n|[\\x00-\\x09\\x0b- ][^\\n]*(\\n|$)|$)|/\\*.*?\\*/|;(\\s|;|#[^\\n]*(\\n|$)|--(\\n|[\\x00-\\x09\\x0b- ][^\\n]*(\\n|$)|$)|/\\*.*?\\*/)*([^\\s;#/-]|/([^*]|$)|-([^-]|$)|--[^\\x00- ])').exists(t, t.startsWith(';'))`,message="statement must hold exactly one command (no ';' followed by another statement)",fieldPath=".effect.sql.statement"
 type SinkSpec struct {
 	// postgres is the PostgreSQL database. Exactly one of postgres, mysql
 	// is set.
@@ -179,10 +181,13 @@ type SQLEffect struct {
 	// statement with :name parameters, e.g.
 	// "UPDATE accounts SET balance = balance + :amount WHERE id = :id".
 	// Values are bound as parameters, never concatenated. One command only
-	// (a ';' outside quotes followed by more text is refused).
+	// (a ';' outside quotes followed by more text is refused). On MySQL the
+	// statement is read as MySQL does: '…' and "…" strings with backslash
+	// escapes, `…` identifiers, and #, "-- " and /* */ comments (a ';'
+	// followed only by comments is one command); a positional ? outside
+	// those is refused.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=8192
-	// +kubebuilder:validation:XValidation:rule=`!self.matches('^([^;\'"]|\'[^\']*\'|"[^"]*")*;\\s*[^;\\s]')`,message="statement must hold exactly one command (no ';' followed by another statement)"
 	// +required
 	Statement string `json:"statement"`
 	// params maps parameter names to value expressions.
