@@ -36,7 +36,7 @@ type statusReport struct {
 	Guarantee          string `json:"guarantee,omitempty"`
 	Suspended          bool   `json:"suspended,omitempty"`
 	// Sink is the sink database and where the inbox lives in it:
-	// "postgres, schema <s>" or "mysql, database <d>".
+	// "postgres, schema <s>" or "mysql (MySQL/MariaDB), database <d>".
 	Sink        string                     `json:"sink"`
 	Conditions  []metav1.Condition         `json:"conditions"`
 	Window      windowExplanation          `json:"window"`
