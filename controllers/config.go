@@ -17,6 +17,7 @@ import (
 // rendered config names them; the pod spec fills them with secretKeyRef.
 const (
 	envPostgresDSN   = "IDC_POSTGRES_DSN"
+	envMySQLDSN      = "IDC_MYSQL_DSN"
 	envNATSCreds     = "IDC_NATS_CREDENTIALS"
 	envKafkaUser     = "IDC_KAFKA_SASL_USERNAME"
 	envKafkaPassword = "IDC_KAFKA_SASL_PASSWORD"
@@ -67,6 +68,7 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 		secrets = append(secrets, specs.SecretEnv{Env: env, Ref: *ref})
 		return env
 	}
+	dsnRef := s.Sink.ConnectionSecretRef()
 	cfg := &config.Config{
 		Version:    config.Version,
 		Name:       idc.Namespace + "/" + idc.Name,
@@ -74,8 +76,9 @@ func renderConfig(idc *messagingv1alpha1.IdempotentConsumer) (*renderedConfig, e
 		Source:     renderSource(s.Source, addSecret),
 		Message:    renderMessage(s.Message),
 		Sink: config.Sink{
-			DSNEnv:     addSecret(envPostgresDSN, &s.Sink.Postgres.ConnectionSecretRef),
-			Schema:     schemaOf(idc),
+			Kind:       sinkKind(&s.Sink),
+			DSNEnv:     addSecret(sinkDSNEnv(&s.Sink), &dsnRef),
+			Schema:     s.Sink.Schema(),
 			InboxTable: string(s.Sink.Inbox.Table),
 			Layout:     config.Layout(s.Sink.Inbox.Layout),
 			Effect:     renderEffect(s),
@@ -175,11 +178,23 @@ func desiredReplicasDeclared(idc *messagingv1alpha1.IdempotentConsumer) int32 {
 	return *idc.Spec.Runtime.Replicas
 }
 
-func schemaOf(idc *messagingv1alpha1.IdempotentConsumer) string {
-	if idc.Spec.Sink.Postgres.Schema == "" {
-		return "public"
+// sinkKind is the runtime config's sink.kind: empty for postgres, so that
+// the config (and its hash) of a PostgreSQL resource is the one it had
+// before MySQL existed and its pods do not roll on upgrade.
+func sinkKind(s *messagingv1alpha1.SinkSpec) config.SinkKind {
+	if s.Kind() == messagingv1alpha1.SinkKindMySQL {
+		return config.SinkMySQL
 	}
-	return string(idc.Spec.Sink.Postgres.Schema)
+	return ""
+}
+
+// sinkDSNEnv is the environment variable the sink's DSN reaches the pods
+// in: IDC_POSTGRES_DSN or IDC_MYSQL_DSN (the rendered config names it).
+func sinkDSNEnv(s *messagingv1alpha1.SinkSpec) string {
+	if s.Kind() == messagingv1alpha1.SinkKindMySQL {
+		return envMySQLDSN
+	}
+	return envPostgresDSN
 }
 
 func dur(d messagingv1alpha1.Duration) config.Duration {

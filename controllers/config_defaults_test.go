@@ -154,7 +154,7 @@ func renderedDefaults(t *testing.T) map[string]any {
 		return messagingv1alpha1.IdempotentConsumerSpec{
 			Message: messagingv1alpha1.MessageSpec{ID: messagingv1alpha1.IDSpec{Header: "Nats-Msg-Id"}},
 			Sink: messagingv1alpha1.SinkSpec{
-				Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: ref},
+				Postgres: &messagingv1alpha1.PostgresSpec{ConnectionSecretRef: ref},
 				Inbox:    messagingv1alpha1.InboxSpec{Table: "inbox_defaults"},
 			},
 		}

@@ -73,6 +73,7 @@ func emitless(at string, variant int) bool {
 // set; each variant of the test sets another.
 var oneOf = map[reflect.Type][]string{
 	reflect.TypeFor[messagingv1alpha1.SourceSpec]():    {"NATSJetStream", "Kafka", "RabbitMQ", "RedisStreams"},
+	reflect.TypeFor[messagingv1alpha1.SinkSpec]():      {"Postgres", "MySQL"},
 	reflect.TypeFor[messagingv1alpha1.EffectSpec]():    {"Upsert", "Append", "SQL", "HTTP"},
 	reflect.TypeFor[messagingv1alpha1.EmitSpec]():      {"NATSJetStream", "Kafka", "RabbitMQ", "RedisStreams"},
 	reflect.TypeFor[messagingv1alpha1.IDSpec]():        {"Header", "JSONPath", "BrokerNative"},
@@ -132,6 +133,12 @@ func TestEverySpecFieldReachesTheRuntimeConfig(t *testing.T) {
 	for path := range notInRuntimeConfig {
 		if !checked[path] {
 			t.Errorf("notInRuntimeConfig lists %s, which is no field of the spec", path)
+		}
+	}
+	// Both sink databases' fields are walked (the variants alternate them).
+	for _, path := range []string{"Spec.Sink.Postgres.Schema", "Spec.Sink.Postgres.ConnectionSecretRef.Key", "Spec.Sink.MySQL.Database", "Spec.Sink.MySQL.ConnectionSecretRef.Name"} {
+		if !checked[path] {
+			t.Errorf("%s was not checked", path)
 		}
 	}
 	t.Logf("%d spec fields checked", len(checked))

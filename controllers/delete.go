@@ -68,7 +68,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, idc *messagingv1alpha1
 
 // inboxNameOf names the inbox table from the spec alone (it may not render).
 func inboxNameOf(idc *messagingv1alpha1.IdempotentConsumer) string {
-	return schemaOf(idc) + "." + string(idc.Spec.Sink.Inbox.Table)
+	return idc.Spec.Sink.Schema() + "." + string(idc.Spec.Sink.Inbox.Table)
 }
 
 // dropInbox drops the tables of a resource with deletionPolicy Delete. It

@@ -78,7 +78,7 @@ func newConsumer(name, stream, secret string) *messagingv1alpha1.IdempotentConsu
 				},
 			},
 			Sink: messagingv1alpha1.SinkSpec{
-				Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secret, Key: "dsn"}, Schema: "projections"},
+				Postgres: &messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secret, Key: "dsn"}, Schema: "projections"},
 				Inbox:    messagingv1alpha1.InboxSpec{Table: messagingv1alpha1.SQLIdentifier("inbox_" + strings.ReplaceAll(name, "-", "_"))},
 				Effect: messagingv1alpha1.EffectSpec{Upsert: &messagingv1alpha1.UpsertEffect{
 					Table: "orders", Key: []messagingv1alpha1.SQLIdentifier{"order_id"},

@@ -126,7 +126,7 @@ var _ = Describe("failures", func() {
 		Eventually(condition(name, messagingv1alpha1.ConditionInboxReady), recheckPeriod+2*time.Second, 50*time.Millisecond).Should(Equal("True/Provisioned"))
 		GinkgoWriter.Printf("the GRANT was noticed after %s (re-check period %s)\n", time.Since(granted).Round(time.Millisecond), recheckPeriod)
 		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).NotTo(Equal("True/PermissionDenied"))
-		createOrdersTable(string(idc.Spec.Sink.Postgres.Schema), role)
+		createOrdersTable(idc.Spec.Sink.Schema(), role)
 		recoverToReady()
 	})
 

@@ -193,7 +193,7 @@ func unitConsumer() *messagingv1alpha1.IdempotentConsumer {
 			}},
 			Message: messagingv1alpha1.MessageSpec{ID: messagingv1alpha1.IDSpec{Header: "Nats-Msg-Id"}},
 			Sink: messagingv1alpha1.SinkSpec{
-				Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: "db", Key: "dsn"}, Schema: "projections"},
+				Postgres: &messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: "db", Key: "dsn"}, Schema: "projections"},
 				Inbox:    messagingv1alpha1.InboxSpec{Table: "inbox_orders"},
 				Effect: messagingv1alpha1.EffectSpec{Upsert: &messagingv1alpha1.UpsertEffect{
 					Table: "orders", Key: []messagingv1alpha1.SQLIdentifier{"order_id"},

@@ -28,7 +28,7 @@ const (
 // its owner, whatever Secret, namespace or cluster reaches it), never a
 // guess from Secret names.
 func inboxIdentity(idc *messagingv1alpha1.IdempotentConsumer) string {
-	return schemaOf(idc) + "." + string(idc.Spec.Sink.Inbox.Table)
+	return idc.Spec.Sink.Schema() + "." + string(idc.Spec.Sink.Inbox.Table)
 }
 
 // consumerIdentity names the broker-side consumer whose messages this resource

@@ -149,7 +149,7 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) {
 			// A refusal the sink client could not narrow down to one grant
 			// (explainInboxPrivilege names it when it can).
-			msg += fmt.Sprintf(" (GRANT USAGE, CREATE ON SCHEMA %s TO the role)", pgx.Identifier{s.rc.Config.Sink.Schema}.Sanitize())
+			msg += " (" + inboxGrantHint(s.rc.Config.Sink) + ")"
 		}
 		s.halt()
 		return r.sinkFault(ctx, s, &s.obs.inbox, reason, msg), nil
@@ -196,4 +196,14 @@ func inboxStatusFor(cfg *config.Config, ens sinkdb.Ensured) *messagingv1alpha1.I
 		Epoch:         ens.Identity.Epoch,
 		Database:      ens.Identity.Database,
 	}
+}
+
+// inboxGrantHint is the GRANT that lets the controller's role create the
+// inbox's tables, in the sink's dialect (a MySQL database name is
+// admitted as [a-z0-9_] only, so backticks quote it safely).
+func inboxGrantHint(sink config.Sink) string {
+	if sink.DatabaseKind() == config.SinkMySQL {
+		return "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX, LOCK TABLES ON `" + sink.Schema + "`.* TO the user"
+	}
+	return fmt.Sprintf("GRANT USAGE, CREATE ON SCHEMA %s TO the role", pgx.Identifier{sink.Schema}.Sanitize())
 }

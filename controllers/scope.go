@@ -60,7 +60,7 @@ func newScope(idc *messagingv1alpha1.IdempotentConsumer) *scope {
 
 // target is the resource's sink database for the sinkdb client.
 func (s *scope) target() sinkdb.Target {
-	return sinkdb.Target{Owner: s.key.String(), DSN: s.secrets.getenv(envPostgresDSN), Sink: s.rc.Config.Sink, Outbox: s.rc.Config.UsesOutbox(), Claim: s.claim}
+	return sinkdb.Target{Owner: s.key.String(), DSN: s.secrets.getenv(s.rc.Config.Sink.DSNEnv), Sink: s.rc.Config.Sink, Outbox: s.rc.Config.UsesOutbox(), Claim: s.claim}
 }
 
 // halt ends the pass after the current phase: what it observed explains

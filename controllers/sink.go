@@ -102,5 +102,5 @@ var _ SinkDB = (*sinkdb.Client)(nil)
 
 // classifyDBError is sinkdb.Classify for the resource's connection Secret.
 func classifyDBError(idc *messagingv1alpha1.IdempotentConsumer, err error) (string, string) {
-	return sinkdb.Classify(err, idc.Spec.Sink.Postgres.ConnectionSecretRef)
+	return sinkdb.Classify(err, idc.Spec.Sink.ConnectionSecretRef())
 }

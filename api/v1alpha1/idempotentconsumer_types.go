@@ -6,7 +6,7 @@ import (
 )
 
 // IdempotentConsumer turns at-least-once delivery from a broker into an
-// exactly-once effect in PostgreSQL. The controller provisions the inbox
+// exactly-once effect in PostgreSQL or MySQL/MariaDB. The controller provisions the inbox
 // tables, deploys the runtime consumer, derives the dedup retention window from
 // the broker and runs a prune CronJob with that window.
 //
@@ -36,9 +36,10 @@ type IdempotentConsumer struct {
 }
 
 // IdempotentConsumerSpec is the desired state of an IdempotentConsumer.
-// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.upsert) || !((self.sink.effect.upsert.table == self.sink.inbox.table || self.sink.effect.upsert.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > 41 && size(self.sink.effect.upsert.table) == 63 && self.sink.effect.upsert.table.startsWith(self.sink.inbox.table.substring(0, 41)) && self.sink.effect.upsert.table.substring(41).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (has(self.delivery) && has(self.delivery.deadLetter) && self.sink.effect.upsert.table == self.delivery.deadLetter.table))",message="the effect table must not be the inbox table or the dead-letter table, nor any other <inbox>_* name: the operator reserves them for the inbox's own tables and partitions",fieldPath=".sink.effect.upsert.table"
-// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.append) || !((self.sink.effect.append.table == self.sink.inbox.table || self.sink.effect.append.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > 41 && size(self.sink.effect.append.table) == 63 && self.sink.effect.append.table.startsWith(self.sink.inbox.table.substring(0, 41)) && self.sink.effect.append.table.substring(41).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (has(self.delivery) && has(self.delivery.deadLetter) && self.sink.effect.append.table == self.delivery.deadLetter.table))",message="the effect table must not be the inbox table or the dead-letter table, nor any other <inbox>_* name: the operator reserves them for the inbox's own tables and partitions",fieldPath=".sink.effect.append.table"
-// +kubebuilder:validation:XValidation:rule="!has(self.delivery) || !has(self.delivery.deadLetter) || !(self.delivery.deadLetter.table == self.sink.inbox.table || self.delivery.deadLetter.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > 41 && size(self.delivery.deadLetter.table) == 63 && self.delivery.deadLetter.table.startsWith(self.sink.inbox.table.substring(0, 41)) && self.delivery.deadLetter.table.substring(41).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (self.delivery.deadLetter.table != self.sink.inbox.table && (self.delivery.deadLetter.table == self.sink.inbox.table + '_dead_letters' || (size(self.sink.inbox.table) > 50 && self.delivery.deadLetter.table.matches('^' + self.sink.inbox.table.substring(0, 41) + '_[0-9a-f]{8}_dead_letters$'))))",message="the dead-letter table must not be the inbox table, nor an <inbox>_* name other than its default <inbox>_dead_letters: the operator reserves them for the inbox's own tables and partitions",fieldPath=".delivery.deadLetter.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.upsert) || !((self.sink.effect.upsert.table == self.sink.inbox.table || self.sink.effect.upsert.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > (has(self.sink.mysql) ? 42 : 41) && size(self.sink.effect.upsert.table) == (has(self.sink.mysql) ? 64 : 63) && self.sink.effect.upsert.table.startsWith(self.sink.inbox.table.substring(0, (has(self.sink.mysql) ? 42 : 41))) && self.sink.effect.upsert.table.substring((has(self.sink.mysql) ? 42 : 41)).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (has(self.delivery) && has(self.delivery.deadLetter) && self.sink.effect.upsert.table == self.delivery.deadLetter.table))",message="the effect table must not be the inbox table or the dead-letter table, nor any other <inbox>_* name: the operator reserves them for the inbox's own tables and partitions",fieldPath=".sink.effect.upsert.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.effect.append) || !((self.sink.effect.append.table == self.sink.inbox.table || self.sink.effect.append.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > (has(self.sink.mysql) ? 42 : 41) && size(self.sink.effect.append.table) == (has(self.sink.mysql) ? 64 : 63) && self.sink.effect.append.table.startsWith(self.sink.inbox.table.substring(0, (has(self.sink.mysql) ? 42 : 41))) && self.sink.effect.append.table.substring((has(self.sink.mysql) ? 42 : 41)).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (has(self.delivery) && has(self.delivery.deadLetter) && self.sink.effect.append.table == self.delivery.deadLetter.table))",message="the effect table must not be the inbox table or the dead-letter table, nor any other <inbox>_* name: the operator reserves them for the inbox's own tables and partitions",fieldPath=".sink.effect.append.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.delivery) || !has(self.delivery.deadLetter) || !(self.delivery.deadLetter.table == self.sink.inbox.table || self.delivery.deadLetter.table.startsWith(self.sink.inbox.table + '_') || (size(self.sink.inbox.table) > (has(self.sink.mysql) ? 42 : 41) && size(self.delivery.deadLetter.table) == (has(self.sink.mysql) ? 64 : 63) && self.delivery.deadLetter.table.startsWith(self.sink.inbox.table.substring(0, (has(self.sink.mysql) ? 42 : 41))) && self.delivery.deadLetter.table.substring((has(self.sink.mysql) ? 42 : 41)).matches('^[a-z0-9_]{0,12}_[0-9a-f]{8}_'))) || (self.delivery.deadLetter.table != self.sink.inbox.table && (self.delivery.deadLetter.table == self.sink.inbox.table + '_dead_letters' || (size(self.sink.inbox.table) > (has(self.sink.mysql) ? 51 : 50) && self.delivery.deadLetter.table.matches('^' + self.sink.inbox.table.substring(0, (has(self.sink.mysql) ? 42 : 41)) + '_[0-9a-f]{8}_dead_letters$'))))",message="the dead-letter table must not be the inbox table, nor an <inbox>_* name other than its default <inbox>_dead_letters: the operator reserves them for the inbox's own tables and partitions",fieldPath=".delivery.deadLetter.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink.postgres) || !has(self.delivery) || !has(self.delivery.deadLetter) || size(self.delivery.deadLetter.table) <= 63",message="table must be at most 63 characters on PostgreSQL",fieldPath=".delivery.deadLetter.table"
 // +kubebuilder:validation:XValidation:rule="!has(self.emit) || !has(self.sink.effect.http)",message="emit is not supported with the http effect: the call runs outside the claim transaction",fieldPath=".emit"
 type IdempotentConsumerSpec struct {
 	// suspend scales the runtime consumer to zero replicas. Pruning goes on.
@@ -54,7 +55,8 @@ type IdempotentConsumerSpec struct {
 	// +required
 	Message MessageSpec `json:"message"`
 
-	// sink is the PostgreSQL database holding the inbox and the effect.
+	// sink is the database (PostgreSQL, or MySQL/MariaDB) holding the inbox
+	// and the effect.
 	// +required
 	Sink SinkSpec `json:"sink"`
 
@@ -114,11 +116,13 @@ type TLSSpec struct {
 // +kubebuilder:validation:MaxLength=32
 type Duration string
 
-// SQLIdentifier is a PostgreSQL identifier: lower case letters, digits and
-// underscores, starting with a letter or underscore, at most 63 characters.
-// It is quoted in every statement regardless.
-// +kubebuilder:validation:Pattern=`^[a-z_][a-z0-9_]{0,62}$`
-// +kubebuilder:validation:MaxLength=63
+// SQLIdentifier is a table, column, schema or database name: lower case
+// letters, digits and underscores, starting with a letter or underscore, at
+// most 64 characters on MySQL/MariaDB and 63 on PostgreSQL (rules on the
+// sink say which; the pattern admits the longer). It is quoted in every
+// statement regardless.
+// +kubebuilder:validation:Pattern=`^[a-z_][a-z0-9_]{0,63}$`
+// +kubebuilder:validation:MaxLength=64
 type SQLIdentifier string
 
 // ValueExpression selects a value from a message: a JSON path into the payload

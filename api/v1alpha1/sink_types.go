@@ -1,10 +1,31 @@
 package v1alpha1
 
-// SinkSpec is the PostgreSQL database, the inbox in it and the effect to apply.
+// SinkSpec is the sink database (PostgreSQL, or MySQL/MariaDB), the inbox in
+// it and the effect to apply. Exactly one of postgres, mysql is set, and it
+// cannot be switched to the other on an existing resource.
+// +kubebuilder:validation:XValidation:rule="has(self.postgres) != has(self.mysql)",message="exactly one of postgres, mysql must be set"
+// +kubebuilder:validation:XValidation:rule="has(self.postgres) == has(oldSelf.postgres)",message="the sink database cannot be switched between postgres and mysql: the inbox in the new database would forget every processed id, and messages redelivered or replayed would be applied again; create a new resource instead"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || size(self.inbox.table) <= 63",message="table must be at most 63 characters on PostgreSQL",fieldPath=".inbox.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.upsert) || size(self.effect.upsert.table) <= 63",message="table must be at most 63 characters on PostgreSQL",fieldPath=".effect.upsert.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.upsert) || self.effect.upsert.key.all(k, size(k) <= 63)",message="key columns must be at most 63 characters on PostgreSQL",fieldPath=".effect.upsert.key"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.upsert) || !has(self.effect.upsert.sequenceColumn) || size(self.effect.upsert.sequenceColumn) <= 63",message="sequenceColumn must be at most 63 characters on PostgreSQL",fieldPath=".effect.upsert.sequenceColumn"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.upsert) || self.effect.upsert.columns.all(k, size(k) <= 63)",message="column names must be at most 63 characters on PostgreSQL",fieldPath=".effect.upsert.columns"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.append) || size(self.effect.append.table) <= 63",message="table must be at most 63 characters on PostgreSQL",fieldPath=".effect.append.table"
+// +kubebuilder:validation:XValidation:rule="!has(self.postgres) || !has(self.effect.append) || self.effect.append.columns.all(k, size(k) <= 63)",message="column names must be at most 63 characters on PostgreSQL",fieldPath=".effect.append.columns"
+// +kubebuilder:validation:XValidation:rule=`!has(self.mysql) || !has(self.effect.sql) || !self.effect.sql.statement.findAll('(?s)\'([^\'\\\\]|\\\\.|\'\')*\'|"([^"\\\\]|\\\\.|"")*"|\\x60([^\\x60]|\\x60\\x60)*\\x60|#[^\\n]*(\\n|$)|--(\\n|[\\x00-\\x09\\x0b- ][^\\n]*(\\n|$)|$)|/\\*.*?\\*/|\\?').exists(t, t == '?')`,message="a positional ? parameter is not supported on MySQL: name every parameter (:name) and map it in params",fieldPath=".effect.sql.statement"
+// +kubebuilder:validation:XValidation:rule=`!has(self.postgres) || !has(self.effect.sql) || !self.effect.sql.statement.matches('^([^;\'"]|\'[^\']*\'|"[^"]*")*;\\s*[^;\\s]')`,message="statement must hold exactly one command (no ';' followed by another statement)",fieldPath=".effect.sql.statement"
+// +kubebuilder:validation:XValidation:rule=`!has(self.mysql) || !has(self.effect.sql) || !self.effect.sql.statement.findAll('(?s)\'([^\'\\\\]|\\\\.|\'\')*\'|"([^"\\\\]|\\\\.|"")*"|\\x60([^\\x60]|\\x60\\x60)*\\x60|#[^\\n]*(\\n|$)|--(\\n|[\\x00-\\x09\\x0b- ][^\\n]*(\\n|$)|$)|/\\*.*?\\*/|;(\\s|;|#[^\\n]*(\\n|$)|--(\\n|[\\x00-\\x09\\x0b- ][^\\n]*(\\n|$)|$)|/\\*.*?\\*/)*([^\\s;#/-]|/([^*]|$)|-([^-]|$)|--[^\\x00- ])').exists(t, t.startsWith(';'))`,message="statement must hold exactly one command (no ';' followed by another statement)",fieldPath=".effect.sql.statement"
 type SinkSpec struct {
-	// postgres is the database connection.
-	// +required
-	Postgres PostgresSpec `json:"postgres"`
+	// postgres is the PostgreSQL database. Exactly one of postgres, mysql
+	// is set.
+	// +optional
+	Postgres *PostgresSpec `json:"postgres,omitempty"`
+	// mysql is the MySQL or MariaDB database. Exactly one of postgres,
+	// mysql is set. Identifiers (tables, columns) may then be 64
+	// characters long (63 on PostgreSQL), and the sql effect's statement
+	// follows MySQL's syntax with :name parameters.
+	// +optional
+	MySQL *MySQLSpec `json:"mysql,omitempty"`
 	// inbox is the table of processed message ids.
 	// +required
 	Inbox InboxSpec `json:"inbox"`
@@ -21,12 +42,34 @@ type PostgresSpec struct {
 	// +required
 	ConnectionSecretRef SecretKeyRef `json:"connectionSecretRef"`
 	// schema holding the inbox, dead-letter and prune-run tables; created if
-	// missing. Immutable.
+	// missing. Immutable. At most 63 characters.
 	// +kubebuilder:default=public
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="schema is immutable"
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('pg_') && self != 'information_schema'",message="schema must not be a system schema (pg_catalog, information_schema, pg_*)"
+	// +kubebuilder:validation:XValidation:rule="size(self) <= 63",message="schema must be at most 63 characters on PostgreSQL"
 	// +optional
 	Schema SQLIdentifier `json:"schema,omitempty"`
+}
+
+// MySQLSpec is a MySQL or MariaDB connection.
+type MySQLSpec struct {
+	// connectionSecretRef holds a go-sql-driver/mysql DSN,
+	// user:password@tcp(host:3306)/db (options after ?, e.g. tls=true). The
+	// database in the DSN is only where the connection starts: every table
+	// is qualified with database below. The runtime sets its own session
+	// options (READ COMMITTED, strict sql_mode, time_zone UTC).
+	// +required
+	ConnectionSecretRef SecretKeyRef `json:"connectionSecretRef"`
+	// database holding the inbox, dead-letter, prune-run and the other
+	// <inbox>_* tables, and the effect's table. It must exist (the
+	// operator creates tables in it, never the database). Immutable: a new
+	// database would forget every processed id. 1 to 64 characters of
+	// [a-z0-9_] starting with a letter or _, not a system database (mysql,
+	// information_schema, performance_schema, sys).
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="database is immutable"
+	// +kubebuilder:validation:XValidation:rule="!(self in ['mysql', 'information_schema', 'performance_schema', 'sys'])",message="database must not be a system database (mysql, information_schema, performance_schema, sys)"
+	// +required
+	Database SQLIdentifier `json:"database"`
 }
 
 // InboxLayout is the physical layout of the inbox table.
@@ -57,9 +100,10 @@ type InboxSpec struct {
 	// table name of the inbox. Immutable: a new table would forget every
 	// processed id. The operator also creates <table>_* tables (dead letters,
 	// prune runs, redrives, id conflicts, outbox, meta, progress, window and
-	// the daily partitions; names over 63 characters are shortened with a
-	// hash), so the effect and dead-letter tables may not take a name of
-	// that family, the default dead-letter table excepted.
+	// the daily partitions; on MySQL also claim locks and outbox shards;
+	// names over 63 characters, 64 on MySQL, are shortened with a hash), so
+	// the effect and dead-letter tables may not take a name of that family,
+	// the default dead-letter table excepted.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="table is immutable"
 	// +required
 	Table SQLIdentifier `json:"table"`
@@ -96,7 +140,7 @@ type EffectSpec struct {
 // Columns maps column names to value expressions.
 // +kubebuilder:validation:MinProperties=1
 // +kubebuilder:validation:MaxProperties=64
-// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[a-z_][a-z0-9_]{0,62}$'))",message="column names must match ^[a-z_][a-z0-9_]{0,62}$"
+// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[a-z_][a-z0-9_]{0,63}$'))",message="column names must match ^[a-z_][a-z0-9_]{0,63}$ (at most 63 characters on PostgreSQL)"
 type Columns map[string]ValueExpression
 
 // UpsertEffect writes the latest state per key.
@@ -137,10 +181,13 @@ type SQLEffect struct {
 	// statement with :name parameters, e.g.
 	// "UPDATE accounts SET balance = balance + :amount WHERE id = :id".
 	// Values are bound as parameters, never concatenated. One command only
-	// (a ';' outside quotes followed by more text is refused).
+	// (a ';' outside quotes followed by more text is refused). On MySQL the
+	// statement is read as MySQL does: '…' and "…" strings with backslash
+	// escapes, `…` identifiers, and #, "-- " and /* */ comments (a ';'
+	// followed only by comments is one command); a positional ? outside
+	// those is refused.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=8192
-	// +kubebuilder:validation:XValidation:rule=`!self.matches('^([^;\'"]|\'[^\']*\'|"[^"]*")*;\\s*[^;\\s]')`,message="statement must hold exactly one command (no ';' followed by another statement)"
 	// +required
 	Statement string `json:"statement"`
 	// params maps parameter names to value expressions.

@@ -68,9 +68,26 @@ var _ = Describe("samples", func() {
 			Expect(err).NotTo(HaveOccurred())
 			all.Write(b)
 		}
-		for _, want := range []string{"natsJetStream:", "kafka:", "rabbitmq:", "redisStreams:", "upsert:", "append:", "sql:", "http:", "emit:"} {
+		for _, want := range []string{"natsJetStream:", "kafka:", "rabbitmq:", "redisStreams:", "upsert:", "append:", "sql:", "http:", "emit:", "postgres:", "mysql:"} {
 			Expect(all.String()).To(ContainSubstring(want))
 		}
+	})
+
+	It("has a MySQL sample for every transactional effect kind", func() {
+		covered := map[string]bool{}
+		for _, f := range files {
+			obj := loadYAML(f)
+			if _, ok, _ := unstructured.NestedMap(obj.Object, "spec", "sink", "mysql"); !ok {
+				continue
+			}
+			effect, _, _ := unstructured.NestedMap(obj.Object, "spec", "sink", "effect")
+			for kind := range effect {
+				covered[kind] = true
+			}
+		}
+		Expect(covered).To(HaveKey("upsert"))
+		Expect(covered).To(HaveKey("append"))
+		Expect(covered).To(HaveKey("sql"))
 	})
 
 	for _, f := range files {
@@ -138,14 +155,17 @@ var _ = Describe("invalid resources", func() {
 			set(o, "spec.retention.window", "0s")
 		}, "spec.retention.window", "window must be positive"},
 		"inbox table with capitals": {func(o *unstructured.Unstructured) { set(o, "spec.sink.inbox.table", "Inbox-Orders") },
-			"spec.sink.inbox.table", "should match '^[a-z_][a-z0-9_]{0,62}$'"},
+			"spec.sink.inbox.table", "should match '^[a-z_][a-z0-9_]{0,63}$'"},
 		"schema starting with a digit": {func(o *unstructured.Unstructured) { set(o, "spec.sink.postgres.schema", "1projections") },
 			"spec.sink.postgres.schema", "should match"},
 		"SQL injection in a table name": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.effect.upsert.table", "orders; drop table users")
 		}, "spec.sink.effect.upsert.table", "should match"},
-		"identifier longer than 63": {func(o *unstructured.Unstructured) {
+		"identifier longer than 63 on PostgreSQL": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.inbox.table", strings.Repeat("a", 64))
+		}, "spec.sink.inbox.table", "table must be at most 63 characters on PostgreSQL"},
+		"identifier longer than 64": {func(o *unstructured.Unstructured) {
+			set(o, "spec.sink.inbox.table", strings.Repeat("a", 65))
 		}, "spec.sink.inbox.table", "Too long"},
 		"upsert key not among columns": {func(o *unstructured.Unstructured) {
 			set(o, "spec.sink.effect.upsert.key", []string{"customer_id"})

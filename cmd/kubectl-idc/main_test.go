@@ -128,6 +128,7 @@ func TestStatusOnOneScreen(t *testing.T) {
 	}
 	for _, want := range []string{
 		"IdempotentConsumer shop/orders (generation 3, observed 3)",
+		"Sink:         postgres, schema public",
 		"Window:       49h",
 		"R_replay decided: the replay reach 48h is longer than redelivery 25m; window 49h = 48h + safetyMargin 1h",
 		"Lag:          7 messages",
@@ -149,6 +150,12 @@ func TestStatusOnOneScreen(t *testing.T) {
 	if err := renderStatus(&plain, buildStatus(noEmit, nil), testNow); err != nil || !strings.Contains(plain.String(), "Outbox:       not used (no spec.emit") {
 		t.Errorf("without spec.emit: %v\n%s", err, plain.String())
 	}
+	onMySQL := orders()
+	onMySQL.Spec.Sink.MySQL = &v1alpha1.MySQLSpec{Database: "shop"}
+	var my strings.Builder
+	if err := renderStatus(&my, buildStatus(onMySQL, nil), testNow); err != nil || !strings.Contains(my.String(), "Sink:         mysql (MySQL/MariaDB), database shop\n") {
+		t.Errorf("on MySQL: %v\n%s", err, my.String())
+	}
 	if n := strings.Count(out, "\n"); n > 40 {
 		t.Errorf("status takes %d lines, more than one screen:\n%s", n, out)
 	}
@@ -158,7 +165,7 @@ func TestStatusOnOneScreen(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &rep); err != nil {
 		t.Fatalf("-o json is not JSON: %v\n%s", err, js)
 	}
-	if len(rep.Pods) != 2 || rep.Pods[1].Ready != "0/1" || rep.Window.Window != "49h" || *rep.Lag != 7 || rep.LastRedrive.Token != "t1" {
+	if len(rep.Pods) != 2 || rep.Pods[1].Ready != "0/1" || rep.Sink != "postgres, schema public" || rep.Window.Window != "49h" || *rep.Lag != 7 || rep.LastRedrive.Token != "t1" {
 		t.Errorf("-o json: %+v", rep)
 	}
 	_, ym, _ := h.run(t, "status", "orders", "-o", "yaml")

@@ -28,20 +28,23 @@ type podSummary struct {
 
 // statusReport is what `status` prints.
 type statusReport struct {
-	Name               string                     `json:"name"`
-	Namespace          string                     `json:"namespace"`
-	Generation         int64                      `json:"generation"`
-	ObservedGeneration int64                      `json:"observedGeneration"`
-	Source             string                     `json:"source,omitempty"`
-	Guarantee          string                     `json:"guarantee,omitempty"`
-	Suspended          bool                       `json:"suspended,omitempty"`
-	Conditions         []metav1.Condition         `json:"conditions"`
-	Window             windowExplanation          `json:"window"`
-	Lag                *int64                     `json:"lag,omitempty"`
-	Inbox              *v1alpha1.InboxStatus      `json:"inbox,omitempty"`
-	LastPrune          *v1alpha1.PruneRunStatus   `json:"lastPrune,omitempty"`
-	LastRedrive        *v1alpha1.RedriveRunStatus `json:"lastRedrive,omitempty"`
-	Outbox             *v1alpha1.OutboxStatus     `json:"outbox,omitempty"`
+	Name               string `json:"name"`
+	Namespace          string `json:"namespace"`
+	Generation         int64  `json:"generation"`
+	ObservedGeneration int64  `json:"observedGeneration"`
+	Source             string `json:"source,omitempty"`
+	Guarantee          string `json:"guarantee,omitempty"`
+	Suspended          bool   `json:"suspended,omitempty"`
+	// Sink is the sink database and where the inbox lives in it:
+	// "postgres, schema <s>" or "mysql (MySQL/MariaDB), database <d>".
+	Sink        string                     `json:"sink"`
+	Conditions  []metav1.Condition         `json:"conditions"`
+	Window      windowExplanation          `json:"window"`
+	Lag         *int64                     `json:"lag,omitempty"`
+	Inbox       *v1alpha1.InboxStatus      `json:"inbox,omitempty"`
+	LastPrune   *v1alpha1.PruneRunStatus   `json:"lastPrune,omitempty"`
+	LastRedrive *v1alpha1.RedriveRunStatus `json:"lastRedrive,omitempty"`
+	Outbox      *v1alpha1.OutboxStatus     `json:"outbox,omitempty"`
 	// UsesOutbox: spec.emit, or an http effect delivered through the outbox.
 	UsesOutbox bool                    `json:"usesOutbox"`
 	Runtime    *v1alpha1.RuntimeStatus `json:"runtime,omitempty"`
@@ -94,7 +97,7 @@ func buildStatus(idc *v1alpha1.IdempotentConsumer, pods []corev1.Pod) statusRepo
 		Source: st.Source, Guarantee: string(st.Guarantee), Suspended: idc.Spec.Suspend,
 		Conditions: st.Conditions, Window: explainWindow(idc), Lag: st.Lag, Inbox: st.Inbox,
 		LastPrune: st.LastPrune, LastRedrive: st.LastRedrive, Outbox: st.Outbox, Runtime: st.Runtime,
-		Pods: []podSummary{}, UsesOutbox: usesOutbox(idc),
+		Pods: []podSummary{}, UsesOutbox: usesOutbox(idc), Sink: sinkText(&idc.Spec.Sink),
 	}
 	if rep.Conditions == nil {
 		rep.Conditions = []metav1.Condition{}
@@ -133,6 +136,7 @@ func renderStatus(w io.Writer, rep statusReport, now time.Time) error {
 	if rep.Suspended {
 		p.f("Suspended:    yes (spec.suspend): no replicas run\n")
 	}
+	p.f("Sink:         %s\n", rep.Sink)
 	if rep.Inbox != nil {
 		p.f("Inbox:        %s (layout %s, schema v%d)\n", rep.Inbox.Table, rep.Inbox.Layout, rep.Inbox.SchemaVersion)
 	}
@@ -217,6 +221,14 @@ func redriveText(lr *v1alpha1.RedriveRunStatus, now time.Time) string {
 func redriveCounts(lr *v1alpha1.RedriveRunStatus) string {
 	return fmt.Sprintf("%d selected, %d applied, %d duplicates, %d stale, %d still failing, %d without a usable id, %d outbox events requeued",
 		lr.Selected, lr.Applied, lr.Duplicates, lr.Stale, lr.StillFailing, lr.Unusable, lr.Requeued)
+}
+
+// sinkText names the sink database and where the inbox's tables are.
+func sinkText(s *v1alpha1.SinkSpec) string {
+	if s.Kind() == v1alpha1.SinkKindMySQL {
+		return "mysql (MySQL/MariaDB), database " + s.Schema()
+	}
+	return "postgres, schema " + s.Schema()
 }
 
 func usesOutbox(idc *v1alpha1.IdempotentConsumer) bool {

@@ -69,7 +69,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	if d.dsn, err = localcluster.PrepareOrdersDatabase(ctx, demoDatabase, idc); err != nil {
 		return err
 	}
-	d.printf("database %s recreated, with table %s.%s (the projection the effect writes)", demoDatabase, idc.Spec.Sink.Postgres.Schema, idc.Spec.Sink.Effect.Upsert.Table)
+	d.printf("database %s recreated, with table %s.%s (the projection the effect writes)", demoDatabase, idc.Spec.Sink.Schema(), idc.Spec.Sink.Effect.Upsert.Table)
 	if d.nc, d.js, err = localcluster.ConnectJetStream(); err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	if err := d.cluster.Client.Create(ctx, localcluster.OrdersSecret(idc, localcluster.PodDSN(d.dsn))); err != nil {
 		return fmt.Errorf("creating the Secret: %w", err)
 	}
-	d.printf("Secret %s/%s holds the DSN as pods reach it (the node forwards PostgreSQL on %s)", namespace, idc.Spec.Sink.Postgres.ConnectionSecretRef.Name, localcluster.BridgeIP)
+	d.printf("Secret %s/%s holds the DSN as pods reach it (the node forwards PostgreSQL on %s)", namespace, idc.Spec.Sink.ConnectionSecretRef().Name, localcluster.BridgeIP)
 	d.printf("sample %s adapted: url %s, stream %s, filterSubject %s, %d replicas",
 		localcluster.SamplePath, localcluster.PodNATSURL, demoStream, idc.Spec.Source.NATSJetStream.FilterSubject, d.opts.replicas)
 	return nil

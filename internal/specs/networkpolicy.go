@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -116,13 +117,7 @@ var (
 // runtime reports those itself).
 func egressEndpoints(cfg *config.Config, getenv func(string) string) []endpoint {
 	var out endpoints
-	// pgx's default host for an empty DSN is a Unix socket: none then.
-	if pc, err := pgx.ParseConfig(getenv(cfg.Sink.DSNEnv)); err == nil {
-		out.add(pc.Host, int(pc.Port))
-		for _, f := range pc.Fallbacks {
-			out.add(f.Host, int(f.Port))
-		}
-	}
+	out.sink(cfg.Sink, getenv(cfg.Sink.DSNEnv))
 	out.source(cfg.Source, getenv)
 	if e := cfg.Emit; e != nil {
 		out.emit(e, getenv)
@@ -131,6 +126,25 @@ func egressEndpoints(cfg *config.Config, getenv func(string) string) []endpoint 
 		out.fromURL(h.URL, httpPorts)
 	}
 	return out
+}
+
+// sink adds the sink database's address from its DSN.
+func (e *endpoints) sink(s config.Sink, dsn string) {
+	if s.DatabaseKind() == config.SinkMySQL {
+		// A go-sql-driver/mysql DSN: tcp(host:port), 3306 when it names no
+		// port; a unix socket is no network endpoint.
+		if mc, err := mysql.ParseDSN(dsn); dsn != "" && err == nil && mc.Net == "tcp" {
+			e.hostPort(mc.Addr, 3306)
+		}
+		return
+	}
+	// pgx's default host for an empty DSN is a Unix socket: none then.
+	if pc, err := pgx.ParseConfig(dsn); err == nil {
+		e.add(pc.Host, int(pc.Port))
+		for _, f := range pc.Fallbacks {
+			e.add(f.Host, int(f.Port))
+		}
+	}
 }
 
 func (e *endpoints) source(src config.Source, getenv func(string) string) {

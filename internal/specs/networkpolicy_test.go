@@ -10,7 +10,8 @@ import (
 
 // What the runtime dials, per source, emit and effect kind.
 func TestEgressEndpoints(t *testing.T) {
-	env := map[string]string{"DSN": "host=10.0.0.5 port=6432 dbname=app", "MQ": "amqps://u:p@mq.example/vhost", "OUT": "amqp://u:p@10.1.1.1:5673/"}
+	env := map[string]string{"DSN": "host=10.0.0.5 port=6432 dbname=app", "MQ": "amqps://u:p@mq.example/vhost", "OUT": "amqp://u:p@10.1.1.1:5673/",
+		"MYSQL": "app:s3cret@tcp(10.0.0.7:3307)/app?tls=true", "MYSQL_NOPORT": "app:s3cret@tcp(mariadb.example)/app", "MYSQL_SOCKET": "app@unix(/run/mysqld/mysqld.sock)/app"}
 	getenv := func(k string) string { return env[k] }
 	for _, tc := range []struct {
 		name string
@@ -31,6 +32,22 @@ func TestEgressEndpoints(t *testing.T) {
 			Source: config.Source{NATSJetStream: &config.JetStream{URL: "wss://nats.example, ws://10.4.0.1"}},
 			Sink:   config.Sink{DSNEnv: "NONE"},
 		}, "nats.example:443 10.4.0.1:80"},
+		{"mysql sink on its port", config.Config{
+			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
+			Sink:   config.Sink{Kind: config.SinkMySQL, DSNEnv: "MYSQL"},
+		}, "10.0.0.7:3307 10.3.0.1:7000"},
+		{"mysql sink on the default port", config.Config{
+			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
+			Sink:   config.Sink{Kind: config.SinkMySQL, DSNEnv: "MYSQL_NOPORT"},
+		}, "mariadb.example:3306 10.3.0.1:7000"},
+		{"mysql sink on a unix socket", config.Config{
+			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
+			Sink:   config.Sink{Kind: config.SinkMySQL, DSNEnv: "MYSQL_SOCKET"},
+		}, "10.3.0.1:7000"},
+		{"mysql sink whose DSN is unresolved", config.Config{
+			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
+			Sink:   config.Sink{Kind: config.SinkMySQL, DSNEnv: "NONE"},
+		}, "10.3.0.1:7000"},
 		{"redis source, explicit management URL unused", config.Config{
 			Source: config.Source{RedisStreams: &config.RedisStreams{Address: "10.3.0.1:7000"}},
 			Sink:   config.Sink{DSNEnv: "NONE"},

@@ -54,9 +54,14 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// IdentifierPattern is the rule every SQL identifier must match (also
-// enforced by the CRD schema); identifiers are quoted in SQL regardless.
+// IdentifierPattern is the rule every SQL identifier of a PostgreSQL sink
+// must match (also enforced by the CRD); identifiers are quoted in SQL
+// regardless.
 var IdentifierPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// IdentifierPatternMySQL is IdentifierPattern at MySQL's length (64
+// characters), for a mysql sink.
+var IdentifierPatternMySQL = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,63}$`)
 
 // Load reads and validates a config file.
 func Load(path string) (*Config, error) {

@@ -13,9 +13,13 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 	}
+	pattern := IdentifierPattern
+	if c.Sink.DatabaseKind() == SinkMySQL {
+		pattern = IdentifierPatternMySQL
+	}
 	ident := func(field, v string) {
-		if !IdentifierPattern.MatchString(v) {
-			bad(field, "%q is not a valid SQL identifier (must match %s)", v, IdentifierPattern)
+		if !pattern.MatchString(v) {
+			bad(field, "%q is not a valid SQL identifier (must match %s)", v, pattern)
 		}
 	}
 	if c.Version != Version {

@@ -111,7 +111,7 @@ func newConsumer(i int, stream, subjectPrefix string) *messagingv1alpha1.Idempot
 				},
 			},
 			Sink: messagingv1alpha1.SinkSpec{
-				Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secretName, Key: "dsn"}, Schema: inboxSchema},
+				Postgres: &messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secretName, Key: "dsn"}, Schema: inboxSchema},
 				Inbox:    messagingv1alpha1.InboxSpec{Table: messagingv1alpha1.SQLIdentifier("inbox_" + suffix)},
 				Effect: messagingv1alpha1.EffectSpec{Upsert: &messagingv1alpha1.UpsertEffect{
 					Table: messagingv1alpha1.SQLIdentifier("orders_" + suffix), Key: []messagingv1alpha1.SQLIdentifier{"order_id"},

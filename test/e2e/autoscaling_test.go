@@ -128,7 +128,7 @@ func (s *suite) newScaleFixture(ctx context.Context, t *testing.T, js jetstream.
 			URL: fmt.Sprintf("nats://%s:%d", localcluster.BridgeIP, scaleNATSPort), Stream: f.stream, Consumer: name, FilterSubject: f.subject + ".>"}},
 		Message: messagingv1alpha1.MessageSpec{ID: messagingv1alpha1.IDSpec{Header: "Nats-Msg-Id"}},
 		Sink: messagingv1alpha1.SinkSpec{
-			Postgres: messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secret, Key: "dsn"}, Schema: "e2e"},
+			Postgres: &messagingv1alpha1.PostgresSpec{ConnectionSecretRef: messagingv1alpha1.SecretKeyRef{Name: secret, Key: "dsn"}, Schema: "e2e"},
 			Inbox:    messagingv1alpha1.InboxSpec{Table: messagingv1alpha1.SQLIdentifier("inbox_" + f.table)},
 			Effect: messagingv1alpha1.EffectSpec{Append: &messagingv1alpha1.AppendEffect{Table: messagingv1alpha1.SQLIdentifier(f.table),
 				Columns: messagingv1alpha1.Columns{"event_id": "@messageId", "num": "$.n"}}},

@@ -31,9 +31,9 @@ import (
 func (s *suite) inboxOwnedAcrossNamespaces(ctx context.Context, t *testing.T) {
 	owner := s.get(ctx, t, s.orders)
 	table := string(owner.Spec.Sink.Inbox.Table)
-	schema := string(owner.Spec.Sink.Postgres.Schema)
+	schema := owner.Spec.Sink.Schema()
 	var ownerSecret corev1.Secret
-	if err := s.c.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: owner.Spec.Sink.Postgres.ConnectionSecretRef.Name}, &ownerSecret); err != nil {
+	if err := s.c.Client.Get(ctx, client.ObjectKey{Namespace: testNamespace, Name: owner.Spec.Sink.ConnectionSecretRef().Name}, &ownerSecret); err != nil {
 		t.Fatal(err)
 	}
 	tenant := "idc-e2e-tenant-" + s.suffix
@@ -43,7 +43,7 @@ func (s *suite) inboxOwnedAcrossNamespaces(ctx context.Context, t *testing.T) {
 	s.parent.Cleanup(func() {
 		_ = s.c.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}})
 	})
-	dsnKey := owner.Spec.Sink.Postgres.ConnectionSecretRef.Key
+	dsnKey := owner.Spec.Sink.ConnectionSecretRef().Key
 	if err := s.c.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "tenant-db"},
 		Data: map[string][]byte{"url": ownerSecret.Data[dsnKey]}}); err != nil {
 		t.Fatal(err)

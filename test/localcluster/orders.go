@@ -54,8 +54,8 @@ func LoadOrdersSample(s OrdersSetup) (*messagingv1alpha1.IdempotentConsumer, err
 		return nil, fmt.Errorf("parsing the sample %s: %w", SamplePath, err)
 	}
 	js := idc.Spec.Source.NATSJetStream
-	if js == nil || idc.Spec.Sink.Effect.Upsert == nil {
-		return nil, fmt.Errorf("the sample %s is no longer a JetStream upsert", SamplePath)
+	if js == nil || idc.Spec.Sink.Effect.Upsert == nil || idc.Spec.Sink.Postgres == nil {
+		return nil, fmt.Errorf("the sample %s is no longer a JetStream upsert into PostgreSQL", SamplePath)
 	}
 	idc.Name, idc.Namespace = s.Name, s.Namespace
 	js.URL, js.Stream, js.Consumer, js.FilterSubject = PodNATSURL, s.Stream, s.Name, s.Subject+".>"
@@ -66,7 +66,7 @@ func LoadOrdersSample(s OrdersSetup) (*messagingv1alpha1.IdempotentConsumer, err
 
 // OrdersSecret is the Secret holding the sink DSN.
 func OrdersSecret(idc *messagingv1alpha1.IdempotentConsumer, dsn string) *corev1.Secret {
-	ref := idc.Spec.Sink.Postgres.ConnectionSecretRef
+	ref := idc.Spec.Sink.ConnectionSecretRef()
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: idc.Namespace, Name: ref.Name},
 		StringData: map[string]string{ref.Key: dsn},
@@ -85,7 +85,7 @@ func PrepareOrdersDatabase(ctx context.Context, name string, idc *messagingv1alp
 		return "", fmt.Errorf("connecting to %s: %w", name, err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
-	schema := string(idc.Spec.Sink.Postgres.Schema)
+	schema := idc.Spec.Sink.Schema()
 	table := pgx.Identifier{schema, string(idc.Spec.Sink.Effect.Upsert.Table)}.Sanitize()
 	for _, stmt := range []string{
 		"CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{schema}.Sanitize(),

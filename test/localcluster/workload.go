@@ -211,7 +211,7 @@ func (w *Workload) Verify(ctx context.Context, dsn string, idc *messagingv1alpha
 		return Outcome{}, fmt.Errorf("connecting to the sink database: %w", err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
-	schema := string(idc.Spec.Sink.Postgres.Schema)
+	schema := idc.Spec.Sink.Schema()
 	inboxTable := string(idc.Spec.Sink.Inbox.Table)
 	deadLetters := inbox.DerivedName(inboxTable, "_dead_letters")
 	if dl := idc.Spec.Delivery.DeadLetter; dl != nil {
