@@ -75,6 +75,7 @@ func TestRealNode(t *testing.T) {
 		{"suspend", s.suspend},
 		{"suspend-after-a-crash-holds-pruning", s.suspendAfterCrash},
 		{"gitops-health-of-live-resources", s.gitopsHealth},
+		{"mysql-sink-upsert-prune-and-deletion", s.mysqlSink},
 		{"deletion-policy", s.deletionPolicy},
 		{"manager-rbac-never-forbidden", s.rbacNeverForbidden},
 		{"helm-install-upgrade-uninstall", s.helmInstall},
