@@ -45,6 +45,24 @@ var mySyntax = syntax{
 func (d mysqlDialect) account() string { return mysql.AccountSQL(d.db.Account()) }
 
 func (d mysqlDialect) checkEffect(ctx context.Context, cfg *config.Config) error {
+	err := d.checkEffectOnce(ctx, cfg)
+	var p *EffectProblem
+	if errors.As(err, &p) && p.Reason == messagingv1alpha1.ReasonPermissionDenied {
+		d.refresh()
+	}
+	return err
+}
+
+// refresh closes the pool's idle connections after a privilege refusal:
+// MySQL applies a database-level GRANT to a session only at its next USE,
+// so the GRANT a message names would otherwise stay unseen by the pooled
+// sessions the next check reuses.
+func (d mysqlDialect) refresh() {
+	d.db.SQL().SetMaxIdleConns(0)
+	d.db.SQL().SetMaxIdleConns(MaxConnsPerDatabase)
+}
+
+func (d mysqlDialect) checkEffectOnce(ctx context.Context, cfg *config.Config) error {
 	conn, err := d.db.SQL().Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("while connecting for the effect check: %w", err)
@@ -89,8 +107,10 @@ func (d mysqlDialect) checkTable(ctx context.Context, conn *sql.Conn, cfg *confi
 	schema := cfg.Sink.Schema
 	qualified := mysql.Quote(schema) + "." + mysql.Quote(t.table)
 	grant := mysql.EffectGrant(cfg.Sink.Effect, schema, d.db.Account())
+	// denied: the table or a column is hidden from the account (err is
+	// the server refusing a probe of it).
 	denied := func(err error) *EffectProblem {
-		return problem(messagingv1alpha1.ReasonPermissionDenied, "account %s may not use table %s (MySQL error %d: %s); run %s",
+		return problem(messagingv1alpha1.ReasonPermissionDenied, "account %s holds no privilege on table %s or its mapped columns (MySQL error %d: %s); run %s",
 			d.account(), qualified, mysqlErrorNumber(err), serverMessage(err), grant)
 	}
 	var n int
@@ -309,13 +329,19 @@ func (d mysqlDialect) explainMigrate(_ context.Context, schema string, err error
 	if !isPrivilegeNumber(num) {
 		return err
 	}
+	d.refresh()
 	return problem(messagingv1alpha1.ReasonPermissionDenied,
 		"account %s may not migrate the inbox in database %s (MySQL error %d: %s); run %s",
 		d.account(), mysql.Quote(schema), num, serverMessage(err), strings.Join(mysql.ControllerGrants(schema, d.db.Account()), "; "))
 }
 
 // explain names the GRANT a privilege refusal lacks (mysql.PrivilegeError).
-func (d mysqlDialect) explain(err error, schema string) error { return d.db.WithAdvice(err, schema) }
+func (d mysqlDialect) explain(err error, schema string) error {
+	if isPrivilegeNumber(mysqlErrorNumber(err)) {
+		d.refresh()
+	}
+	return d.db.WithAdvice(err, schema)
+}
 
 func isPrivilegeNumber(n uint16) bool { return n == 1044 || n == 1142 || n == 1143 || n == 1227 }
 
