@@ -146,9 +146,10 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 	case err != nil:
 		reason, msg := classifyDBError(s.idc, err)
 		var named *sinkdb.EffectProblem
-		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) {
+		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) && s.rc.Config.Sink.DatabaseKind() == config.SinkPostgres {
 			// A refusal the sink client could not narrow down to one grant
-			// (explainInboxPrivilege names it when it can).
+			// (explainInboxPrivilege names it when it can). MySQL's
+			// messages name their GRANT themselves (sinkdb.Classify).
 			msg += fmt.Sprintf(" (GRANT USAGE, CREATE ON SCHEMA %s TO the role)", pgx.Identifier{s.rc.Config.Sink.Schema}.Sanitize())
 		}
 		s.halt()
