@@ -20,6 +20,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 	"github.com/idempotency-dev/idc-operator/runtime/sink"
 	"github.com/idempotency-dev/idc-operator/runtime/sink/mysql"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // kind binds the Client's tests to one sink database kind, each case on a
@@ -105,6 +106,17 @@ func mysqlAdmin(t *testing.T) *sql.DB {
 	return db
 }
 
+// maxConns is the connection cap of db's pool.
+func maxConns(db sink.DB) int {
+	switch d := db.(type) {
+	case postgres.DB:
+		return int(d.Pool.Config().MaxConns)
+	case *mysql.DB:
+		return d.SQL().Stats().MaxOpenConnections
+	}
+	return -1
+}
+
 func forKinds(t *testing.T, run func(t *testing.T, k kind)) {
 	for _, k := range kinds {
 		t.Run(string(k.kind), func(t *testing.T) { run(t, k) })
@@ -142,6 +154,14 @@ func TestClientLifecycle(t *testing.T) {
 		}
 		if !k.database.MatchString(first.Identity.Database) {
 			t.Fatalf("physical database %q does not match %s", first.Identity.Database, k.database)
+		}
+		// The pool is capped as PostgreSQL's always was.
+		sp, err := c.Pools().acquire(ctx, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := maxConns(sp.db); got != MaxConnsPerDatabase || cap(sp.migrations) != MaxMigrationsPerDatabase {
+			t.Fatalf("the %s pool allows %d connections and %d migrations, want %d and %d", k.kind, got, cap(sp.migrations), MaxConnsPerDatabase, MaxMigrationsPerDatabase)
 		}
 		target.Claim.Epoch = first.Identity.Epoch
 		second, err := c.Ensure(ctx, target)

@@ -96,7 +96,7 @@ func TestEffectPreflightMySQL(t *testing.T) {
 		{name: "privilege missing, upsert without a sequence column", effect: config.Effect{Upsert: &config.Upsert{Table: "orders", Key: []string{"order_id"},
 			Columns: map[string]string{"order_id": "$.orderId", "status": "$.status"}}}, setup: []string{orders},
 			grants: []string{"GRANT INSERT ON <db>.orders TO <user>"},
-			reason: messagingv1alpha1.ReasonPermissionDenied, contains: []string{"GRANT INSERT, UPDATE ON `"},
+			reason: messagingv1alpha1.ReasonPermissionDenied, contains: []string{"GRANT SELECT, INSERT, UPDATE ON `"},
 			fix: []string{""}},
 		{name: "no privilege on the table at all", effect: config.Effect{Append: &config.Append{Table: "events", Columns: map[string]string{"id": "$.id"}}},
 			setup: []string{"CREATE TABLE <db>.events (id VARCHAR(64))", "CREATE TABLE <db>.other (id INT)"}, grants: []string{"GRANT SELECT ON <db>.other TO <user>"},

@@ -32,17 +32,15 @@ func Statements(e sink.Effect) ([]string, error) {
 
 // EffectGrant is the GRANT that gives account ("user@host") what the
 // runtime needs on an upsert's or append's table: SELECT, INSERT, UPDATE
-// for an upsert with a sequence column (its pre-read and gate read it),
-// INSERT, UPDATE without one, INSERT for an append; "" for an sql effect
-// (its statement names its own tables: Advice names the one refused).
+// for an upsert, with or without a sequence column (… ON DUPLICATE KEY
+// UPDATE c = VALUES(c) reads c: MariaDB refuses it without SELECT on the
+// column), INSERT for an append; "" for an sql effect (its statement
+// names its own tables: Advice names the one refused).
 func EffectGrant(e config.Effect, database, account string) string {
 	var privs, table string
 	switch {
 	case e.Upsert != nil:
-		privs, table = "INSERT, UPDATE", e.Upsert.Table
-		if e.Upsert.SequenceColumn != "" {
-			privs = "SELECT, INSERT, UPDATE"
-		}
+		privs, table = "SELECT, INSERT, UPDATE", e.Upsert.Table
 	case e.Append != nil:
 		privs, table = "INSERT", e.Append.Table
 	default:
