@@ -146,10 +146,11 @@ func (r *Reconciler) inboxPhase(ctx context.Context, s *scope) (ctrl.Result, err
 	case err != nil:
 		reason, msg := classifyDBError(s.idc, err)
 		var named *sinkdb.EffectProblem
-		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) {
+		if reason == messagingv1alpha1.ReasonPermissionDenied && !errors.As(err, &named) && s.rc.Config.Sink.DatabaseKind() == config.SinkPostgres {
 			// A refusal the sink client could not narrow down to one grant
-			// (explainInboxPrivilege names it when it can).
-			msg += " (" + inboxGrantHint(s.rc.Config.Sink) + ")"
+			// (explainInboxPrivilege names it when it can). MySQL's
+			// messages name their GRANT themselves (sinkdb.Classify).
+			msg += fmt.Sprintf(" (GRANT USAGE, CREATE ON SCHEMA %s TO the role)", pgx.Identifier{s.rc.Config.Sink.Schema}.Sanitize())
 		}
 		s.halt()
 		return r.sinkFault(ctx, s, &s.obs.inbox, reason, msg), nil
@@ -196,14 +197,4 @@ func inboxStatusFor(cfg *config.Config, ens sinkdb.Ensured) *messagingv1alpha1.I
 		Epoch:         ens.Identity.Epoch,
 		Database:      ens.Identity.Database,
 	}
-}
-
-// inboxGrantHint is the GRANT that lets the controller's role create the
-// inbox's tables, in the sink's dialect (a MySQL database name is
-// admitted as [a-z0-9_] only, so backticks quote it safely).
-func inboxGrantHint(sink config.Sink) string {
-	if sink.DatabaseKind() == config.SinkMySQL {
-		return "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX, LOCK TABLES ON `" + sink.Schema + "`.* TO the user"
-	}
-	return fmt.Sprintf("GRANT USAGE, CREATE ON SCHEMA %s TO the role", pgx.Identifier{sink.Schema}.Sanitize())
 }

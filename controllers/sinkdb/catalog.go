@@ -30,9 +30,35 @@ func (t tableEffect) upsert() bool { return len(t.key) > 0 }
 
 // sinkColumn is a column of the target table as the catalog describes it.
 type sinkColumn struct {
-	typ      string // format_type, e.g. "bigint", "timestamp with time zone"
+	typ      string // format_type, e.g. "bigint", "timestamp with time zone"; MySQL's COLUMN_TYPE
 	category string // pg_type.typcategory: N numeric, S string, D date/time, B boolean, U user (json, uuid...)
 	required bool   // NOT NULL, no default, not identity or generated
+	integer  bool   // an integer type (a sequence column must be one)
+	json     bool   // json or jsonb (MySQL: JSON)
+}
+
+// syntax is how a dialect's messages spell an identifier and the DDL they
+// suggest.
+type syntax struct {
+	ident func(string) string
+	// toInteger is the statement that makes column col of table an
+	// integer.
+	toInteger func(table, col string) string
+}
+
+var pgSyntax = syntax{
+	ident: func(n string) string { return pgx.Identifier{n}.Sanitize() },
+	toInteger: func(table, col string) string {
+		return "ALTER TABLE " + table + " ALTER COLUMN " + col + " TYPE bigint USING " + col + "::bigint"
+	},
+}
+
+func (s syntax) list(names []string) string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = s.ident(n)
+	}
+	return strings.Join(out, ", ")
 }
 
 func checkTableEffect(ctx context.Context, tx pgx.Tx, schema string, t tableEffect) error {
@@ -45,7 +71,7 @@ func checkTableEffect(ctx context.Context, tx pgx.Tx, schema string, t tableEffe
 	if errors.Is(err, pgx.ErrNoRows) {
 		return problem(messagingv1alpha1.ReasonTableNotFound,
 			"table %s (%s.table) does not exist in the sink database; create it, e.g. CREATE TABLE %s (%s), or run the service's migration",
-			qualified, t.field, qualified, suggestedColumns(t))
+			qualified, t.field, qualified, suggestedColumns(pgSyntax, t))
 	}
 	if err != nil {
 		return fmt.Errorf("while looking up table %s: %w", qualified, err)
@@ -59,7 +85,7 @@ func checkTableEffect(ctx context.Context, tx pgx.Tx, schema string, t tableEffe
 	if err != nil {
 		return fmt.Errorf("while reading the columns of %s: %w", qualified, err)
 	}
-	if p := checkColumns(qualified, t, cols); p != nil {
+	if p := checkColumns(pgSyntax, qualified, t, cols); p != nil {
 		return p
 	}
 	if t.upsert() {
@@ -70,13 +96,13 @@ func checkTableEffect(ctx context.Context, tx pgx.Tx, schema string, t tableEffe
 		if !ok {
 			return problem(messagingv1alpha1.ReasonNoUniqueKey,
 				"no primary key or unique index of %s covers exactly the upsert key (%s) (%s.key), which ON CONFLICT needs; run CREATE UNIQUE INDEX ON %s (%s)",
-				qualified, identList(t.key), t.field, qualified, identList(t.key))
+				qualified, pgSyntax.list(t.key), t.field, qualified, pgSyntax.list(t.key))
 		}
 	}
 	return checkPrivileges(ctx, tx, relID, qualified, t)
 }
 
-func suggestedColumns(t tableEffect) string {
+func suggestedColumns(syn syntax, t tableEffect) string {
 	names := sortedNames(t.columns)
 	parts := make([]string, 0, len(names)+1)
 	for _, n := range names {
@@ -84,10 +110,10 @@ func suggestedColumns(t tableEffect) string {
 		if n == t.sequence {
 			typ = "bigint"
 		}
-		parts = append(parts, pgx.Identifier{n}.Sanitize()+" "+typ)
+		parts = append(parts, syn.ident(n)+" "+typ)
 	}
 	if t.upsert() {
-		parts = append(parts, "PRIMARY KEY ("+identList(t.key)+")")
+		parts = append(parts, "PRIMARY KEY ("+syn.list(t.key)+")")
 	}
 	return strings.Join(parts, ", ")
 }
@@ -107,6 +133,7 @@ func tableColumns(ctx context.Context, tx pgx.Tx, relID uint32) (map[string]sink
 		if err := rows.Scan(&name, &c.typ, &c.category, &c.required); err != nil {
 			return nil, err
 		}
+		c.integer, c.json = isIntegerType(c.typ), isJSONType(c.typ)
 		cols[name] = c
 	}
 	return cols, rows.Err()
@@ -115,25 +142,24 @@ func tableColumns(ctx context.Context, tx pgx.Tx, relID uint32) (map[string]sink
 // checkColumns: every mapped column exists and can take its value
 // expression, the sequence column is an integer, and no NOT NULL column
 // without a default is left unmapped (every insert would fail on it).
-func checkColumns(qualified string, t tableEffect, cols map[string]sinkColumn) *EffectProblem {
+func checkColumns(syn syntax, qualified string, t tableEffect, cols map[string]sinkColumn) *EffectProblem {
 	for _, name := range sortedNames(t.columns) {
 		col, ok := cols[name]
 		if !ok {
 			return problem(messagingv1alpha1.ReasonColumnNotFound,
 				"column %s of table %s (%s.columns.%s) does not exist; run ALTER TABLE %s ADD COLUMN %s <type>, or remove it from the mapping",
-				pgx.Identifier{name}.Sanitize(), qualified, t.field, name, qualified, pgx.Identifier{name}.Sanitize())
+				syn.ident(name), qualified, t.field, name, qualified, syn.ident(name))
 		}
 		if want, ok := assignable(t.columns[name], col); !ok {
 			return problem(messagingv1alpha1.ReasonColumnTypeMismatch,
 				"column %s of table %s is %s, but its value %s (%s.columns.%s) is %s; change the column type or map another value",
-				pgx.Identifier{name}.Sanitize(), qualified, col.typ, t.columns[name], t.field, name, want)
+				syn.ident(name), qualified, col.typ, t.columns[name], t.field, name, want)
 		}
 	}
-	if t.sequence != "" && !isIntegerType(cols[t.sequence].typ) {
+	if t.sequence != "" && !cols[t.sequence].integer {
 		return problem(messagingv1alpha1.ReasonColumnTypeMismatch,
-			"the sequence column %s of table %s (%s.sequenceColumn) is %s, but the sequence gate needs an integer type; run ALTER TABLE %s ALTER COLUMN %s TYPE bigint USING %s::bigint",
-			pgx.Identifier{t.sequence}.Sanitize(), qualified, t.field, cols[t.sequence].typ, qualified,
-			pgx.Identifier{t.sequence}.Sanitize(), pgx.Identifier{t.sequence}.Sanitize())
+			"the sequence column %s of table %s (%s.sequenceColumn) is %s, but the sequence gate needs an integer type; run %s",
+			syn.ident(t.sequence), qualified, t.field, cols[t.sequence].typ, syn.toInteger(qualified, syn.ident(t.sequence)))
 	}
 	names := make([]string, 0, len(cols))
 	for name := range cols {
@@ -144,7 +170,7 @@ func checkColumns(qualified string, t tableEffect, cols map[string]sinkColumn) *
 		if _, mapped := t.columns[name]; !mapped && cols[name].required {
 			return problem(messagingv1alpha1.ReasonColumnNotFound,
 				"column %s of table %s is NOT NULL without a default and not in %s.columns, so every insert would fail; map it, or run ALTER TABLE %s ALTER COLUMN %s SET DEFAULT <value>",
-				pgx.Identifier{name}.Sanitize(), qualified, t.field, qualified, pgx.Identifier{name}.Sanitize())
+				syn.ident(name), qualified, t.field, qualified, syn.ident(name))
 		}
 	}
 	return nil
@@ -163,9 +189,9 @@ func assignable(expr string, col sinkColumn) (string, bool) {
 	switch expr {
 	case "@publishedAt":
 		// A timestamp: a date/time, text or JSON column takes it.
-		return "a timestamp", col.category == "D" || col.category == "S" || isJSONType(col.typ)
+		return "a timestamp", col.category == "D" || col.category == "S" || col.json
 	case "@payload":
-		return "the JSON payload", col.category == "S" || isJSONType(col.typ)
+		return "the JSON payload", col.category == "S" || col.json
 	}
 	return "", true
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // Target is one resource's sink: its connection string, its inbox and the
@@ -27,8 +28,9 @@ type Target struct {
 	Claim inbox.OwnerClaim
 }
 
-// Client is the sink database on runtime/inbox: the controller and the
-// runtime share one DDL.
+// Client is the sink database through the dialect seam (runtime/sink):
+// the controller and the runtime share one DDL per database kind, and
+// every method runs the same way on PostgreSQL and MySQL/MariaDB.
 type Client struct {
 	pools *Pools
 }
@@ -42,22 +44,25 @@ func (c *Client) Pools() *Pools { return c.pools }
 // Release lets go of owner's pool (a deleted resource).
 func (c *Client) Release(owner string) { c.pools.Release(owner) }
 
-func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, *inbox.Store) error) error {
-	return c.withPool(ctx, t, func(ctx context.Context, _ *sharedPool, s *inbox.Store) error { return fn(ctx, s) })
+func (c *Client) with(ctx context.Context, t Target, fn func(context.Context, sink.Inbox) error) error {
+	return c.withPool(ctx, t, func(ctx context.Context, _ *sharedPool, in sink.Inbox) error { return fn(ctx, in) })
 }
 
-func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context, *sharedPool, *inbox.Store) error) error {
-	sp, err := c.pools.acquireShared(t.Owner, t.DSN)
-	if err != nil {
-		return err
-	}
+// withPool runs fn on t's inbox, in its dialect (sink.DB.Inbox), within
+// Timeout; an error fn returns is narrowed by the dialect (a privilege
+// refusal names the GRANT to run).
+func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context, *sharedPool, sink.Inbox) error) error {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	store, err := inbox.New(sp.pool, t.Sink, inbox.WithOutbox(t.Outbox))
+	sp, err := c.pools.acquire(ctx, t)
 	if err != nil {
 		return err
 	}
-	return fn(ctx, sp, store)
+	in, err := sp.db.Inbox(t.Sink, inbox.WithOutbox(t.Outbox))
+	if err != nil {
+		return err
+	}
+	return sp.dialect.explain(fn(ctx, sp, in), t.Sink.Schema)
 }
 
 // Ensure creates the schema and tables idempotently, records the resource
@@ -70,23 +75,23 @@ func (c *Client) withPool(ctx context.Context, t Target, fn func(context.Context
 // grant that is missing.
 func (c *Client) Ensure(ctx context.Context, t Target) (Ensured, error) {
 	var e Ensured
-	err := c.withPool(ctx, t, func(check context.Context, sp *sharedPool, s *inbox.Store) error {
-		db, err := sp.physicalDatabase(check)
+	err := c.withPool(ctx, t, func(check context.Context, sp *sharedPool, in sink.Inbox) error {
+		db, err := sp.physicalDatabase(check, t.Sink)
 		if err != nil {
 			return err
 		}
-		id, v, ready, err := s.Check(check, t.Claim)
+		id, v, ready, err := in.Check(check, t.Claim)
 		e.Version, e.Identity = v, id
 		e.Identity.Database = db
 		if err != nil || ready {
-			return explainInboxPrivilege(check, sp.pool, t.Sink.Schema, err)
+			return sp.dialect.explainMigrate(check, t.Sink.Schema, err)
 		}
 		// From the pass's own context: the wait for a migration slot has
 		// its own bound, and the migration its own statement timeout.
 		if err := sp.migrate(ctx, c.pools.migrationWait, func(ctx context.Context) error {
 			var err error
-			if e.Identity, err = s.MigrateFor(ctx, &t.Claim); err != nil {
-				return explainInboxPrivilege(ctx, sp.pool, t.Sink.Schema, err)
+			if e.Identity, err = in.MigrateFor(ctx, &t.Claim); err != nil {
+				return sp.dialect.explainMigrate(ctx, t.Sink.Schema, err)
 			}
 			return nil
 		}); err != nil {
@@ -112,21 +117,21 @@ type Ensured struct {
 	Previous inbox.Owner
 }
 
-// MarkRestored marks the inbox of epoch lost (inbox.Store.MarkRestored).
+// MarkRestored marks the inbox of epoch lost (sink.Inbox.MarkRestored).
 func (c *Client) MarkRestored(ctx context.Context, t Target, epoch string) error {
-	return c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error { return s.MarkRestored(ctx, epoch) })
+	return c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error { return s.MarkRestored(ctx, epoch) })
 }
 
 // Drop drops the inbox tables when the inbox records t.Claim.Owner as its
 // owner (inbox.ErrNotOwner otherwise); dropping what is gone succeeds.
 func (c *Client) Drop(ctx context.Context, t Target) error {
-	return c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error { return s.DropOwned(ctx, t.Claim.Owner) })
+	return c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error { return s.DropOwned(ctx, t.Claim.Owner) })
 }
 
 // LastPrune returns the latest prune run, nil when none ran yet.
 func (c *Client) LastPrune(ctx context.Context, t Target) (*inbox.PruneRun, error) {
 	var run *inbox.PruneRun
-	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err := c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error {
 		var err error
 		run, err = s.LastPruneRun(ctx)
 		return err
@@ -137,7 +142,7 @@ func (c *Client) LastPrune(ctx context.Context, t Target) (*inbox.PruneRun, erro
 // OutboxStats reads the backlog of the inbox's outbox.
 func (c *Client) OutboxStats(ctx context.Context, t Target) (inbox.OutboxStats, error) {
 	var st inbox.OutboxStats
-	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err := c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error {
 		var err error
 		st, err = s.OutboxStats(ctx)
 		return err
@@ -148,7 +153,7 @@ func (c *Client) OutboxStats(ctx context.Context, t Target) (inbox.OutboxStats, 
 // IDConflicts counts the id conflicts the inbox kept.
 func (c *Client) IDConflicts(ctx context.Context, t Target) (int64, error) {
 	var n int64
-	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err := c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error {
 		var err error
 		n, err = s.ConflictCount(ctx)
 		return err
@@ -159,7 +164,7 @@ func (c *Client) IDConflicts(ctx context.Context, t Target) (int64, error) {
 // RedriveSummary reads what a redrive run recorded.
 func (c *Client) RedriveSummary(ctx context.Context, t Target, run string) (inbox.RedriveSummary, error) {
 	var sum inbox.RedriveSummary
-	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err := c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error {
 		var err error
 		sum, err = s.RedriveSummary(ctx, run)
 		return err
@@ -171,7 +176,7 @@ func (c *Client) RedriveSummary(ctx context.Context, t Target, run string) (inbo
 // kept in the inbox (retention.AdoptStored) and returns what is now in
 // force; pendingShrink is true while a smaller window waits.
 func (c *Client) AdoptWindow(ctx context.Context, t Target, derived retention.Result, now time.Time) (applied retention.Applied, pendingShrink bool, err error) {
-	err = c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err = c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error {
 		var err error
 		applied, pendingShrink, err = retention.AdoptStored(ctx, s, derived, now)
 		return err
@@ -183,7 +188,7 @@ func (c *Client) AdoptWindow(ctx context.Context, t Target, derived retention.Re
 // stored yet.
 func (c *Client) StoredWindow(ctx context.Context, t Target) (*retention.Applied, error) {
 	var applied *retention.Applied
-	err := c.with(ctx, t, func(ctx context.Context, s *inbox.Store) error {
+	err := c.with(ctx, t, func(ctx context.Context, s sink.Inbox) error {
 		var err error
 		applied, err = retention.StoredApplied(ctx, s)
 		return err

@@ -1,6 +1,9 @@
-// Package sinkdb is the controller's side of the sink database: it
-// provisions and drops a resource's inbox tables (through runtime/inbox, the
-// DDL the runtime shares), runs the read-only EffectReady preflight, reads
+// Package sinkdb is the controller's side of the sink database, PostgreSQL
+// or MySQL/MariaDB (Target.Sink.DatabaseKind()): it provisions and drops a
+// resource's inbox tables (through the dialect seam, runtime/sink: the DDL
+// the runtime shares), names the physical database that holds them
+// (sink.DB.PhysicalDatabase), runs the read-only EffectReady preflight (a
+// checker per kind, dialect.go), reads
 // what the runtime and its jobs recorded there (prune runs, redrives, the
 // outbox backlog, id conflicts), keeps the window state, and holds the
 // connection pools those calls use.

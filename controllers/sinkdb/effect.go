@@ -20,35 +20,20 @@ import (
 // when it can, an *EffectProblem when the sink is not ready for it (the
 // reason and a message that names the table and column and says what to
 // run), any other error when the check itself could not run (database
-// unreachable). Everything runs in one READ ONLY transaction that is
-// rolled back.
+// unreachable). Nothing is written: on PostgreSQL everything runs in one
+// READ ONLY transaction that is rolled back, on MySQL the statements are
+// only prepared (the dialect's checkEffect).
 func (c *Client) CheckEffect(ctx context.Context, t Target, cfg *config.Config) error {
 	if cfg.Sink.Effect.HTTP != nil {
 		return nil // nothing of the effect lives in the database
 	}
-	pool, err := c.pools.acquire(t.Owner, t.DSN)
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	sp, err := c.pools.acquire(ctx, t)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	defer cancel()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("while connecting for the effect check: %w", err)
-	}
-	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("while beginning the effect check: %w", err)
-	}
-	err = checkEffect(ctx, tx, cfg)
-	_ = tx.Rollback(ctx)
-	if cfg.Sink.Effect.SQL != nil {
-		// Prepared statements outlive the transaction; this one must not
-		// outlive the check on a pooled connection.
-		_ = conn.Conn().Deallocate(ctx, preflightStatement)
-	}
-	return err
+	return sp.dialect.checkEffect(ctx, cfg)
 }
 
 func checkEffect(ctx context.Context, tx pgx.Tx, cfg *config.Config) error {
@@ -167,14 +152,6 @@ func sortedNames(m map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func identList(names []string) string {
-	out := make([]string, len(names))
-	for i, n := range names {
-		out[i] = pgx.Identifier{n}.Sanitize()
-	}
-	return strings.Join(out, ", ")
 }
 
 func paramList(names []string) string {

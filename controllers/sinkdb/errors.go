@@ -9,12 +9,29 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/errtext"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // ErrInvalidDSN marks a connection string that cannot be parsed; the parse
 // error itself is not kept because it may echo the string, password
 // included.
 var ErrInvalidDSN = errors.New("the connection string cannot be parsed")
+
+// InvalidDSNError is a connection string of Kind that does not parse; it
+// is ErrInvalidDSN and, like it, keeps nothing of the string.
+type InvalidDSNError struct{ Kind sink.Kind }
+
+func (e *InvalidDSNError) Error() string        { return ErrInvalidDSN.Error() }
+func (e *InvalidDSNError) Is(target error) bool { return target == ErrInvalidDSN }
+
+// dsnForm is the connection string form of kind, for the message.
+func dsnForm(err error) string {
+	var e *InvalidDSNError
+	if errors.As(err, &e) && e.Kind == sink.MySQL {
+		return "user:password@tcp(host:3306)/database (go-sql-driver/mysql)"
+	}
+	return "postgres://user:password@host:5432/db or key=value form"
+}
 
 // EffectProblem is a sink that is not ready for the effect (or the inbox, a
 // missing grant): a reason
@@ -32,10 +49,10 @@ func problem(reason, format string, args ...any) *EffectProblem {
 }
 
 // IsDatabaseGone says whether err is PostgreSQL's "database does not exist"
-// (SQLSTATE 3D000).
+// (SQLSTATE 3D000) or MySQL's unknown database (1049).
 func IsDatabaseGone(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "3D000"
+	return errors.As(err, &pgErr) && pgErr.Code == "3D000" || mysqlErrorNumber(err) == 1049
 }
 
 // Classify maps a database error to a condition reason and a message an
@@ -44,7 +61,7 @@ func IsDatabaseGone(err error) bool {
 func Classify(err error, ref messagingv1alpha1.SecretKeyRef) (string, string) {
 	where := fmt.Sprintf("the database named by Secret %q key %q", ref.Name, ref.Key)
 	if errors.Is(err, ErrInvalidDSN) {
-		return messagingv1alpha1.ReasonInvalidDSN, fmt.Sprintf("the connection string in Secret %q key %q cannot be parsed; expected postgres://user:password@host:5432/db or key=value form", ref.Name, ref.Key)
+		return messagingv1alpha1.ReasonInvalidDSN, fmt.Sprintf("the connection string in Secret %q key %q cannot be parsed; expected %s", ref.Name, ref.Key, dsnForm(err))
 	}
 	if errors.Is(err, ErrMigrationQueued) {
 		// The database answered (the up-to-date check ran): it is busy
@@ -54,6 +71,9 @@ func Classify(err error, ref messagingv1alpha1.SecretKeyRef) (string, string) {
 	var p *EffectProblem
 	if errors.As(err, &p) {
 		return p.Reason, p.Message
+	}
+	if reason, msg, ok := classifyMySQL(err, ref, where); ok {
+		return reason, msg
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

@@ -12,7 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idempotency-dev/idc-operator/runtime/inbox"
+	"github.com/idempotency-dev/idc-operator/runtime/config"
+	"github.com/idempotency-dev/idc-operator/runtime/sink"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/mysql"
+	"github.com/idempotency-dev/idc-operator/runtime/sink/postgres"
 )
 
 // Timeout bounds every database round of a reconcile so an unreachable
@@ -37,43 +40,53 @@ const MaxConnsPerDatabase = 8
 // Up-to-date checks are not gated.
 const MaxMigrationsPerDatabase = 2
 
-// Pools caches one pgx pool per connection string and counts the resources
-// (owners) that use each. An owner uses one pool at a time: acquiring with
-// another connection string (a rotated Secret) lets go of the old one, and
-// Release lets go of it for a deleted resource. A pool nobody uses is
-// closed at once.
+// Pools caches one sink database (sink.DB) per connection string and
+// kind, and counts the resources (owners) that use each. An owner uses one
+// at a time: acquiring with another connection string (a rotated Secret)
+// lets go of the old one, and Release lets go of it for a deleted
+// resource. A database nobody uses is closed at once. PostgreSQL's is a
+// pgxpool behind runtime/sink/postgres, MySQL's a database/sql pool
+// (runtime/sink/mysql), both capped at MaxConnsPerDatabase connections and
+// MaxMigrationsPerDatabase migrations.
 type Pools struct {
 	// migrationWait is MigrationWait (shorter in tests).
 	migrationWait time.Duration
 	mu            sync.Mutex
-	pools         map[string]*sharedPool // by the connection string's SHA-256
+	pools         map[string]*sharedPool // by poolKey
 	owners        map[string]string      // owner -> pool key
 }
 
 type sharedPool struct {
-	pool  *pgxpool.Pool
-	users int
+	db sink.DB
+	// dialect is the controller's own checks for db's kind (dialect.go).
+	dialect dialect
+	users   int
 	// migrations holds a token per migration running on the database
 	// (MaxMigrationsPerDatabase).
 	migrations chan struct{}
-	// database is the physical database the pool reaches
-	// (inbox.PhysicalDatabase), read once.
-	dbOnce   sync.Mutex
-	database string
+	// databases are the physical databases the pool reaches
+	// (sink.DB.PhysicalDatabase), by the inbox's schema (the database on
+	// MySQL), each read once.
+	dbMu      sync.Mutex
+	databases map[string]string
 }
 
-// physicalDatabase names the database the pool reaches, read on first use.
-func (sp *sharedPool) physicalDatabase(ctx context.Context) (string, error) {
-	sp.dbOnce.Lock()
-	defer sp.dbOnce.Unlock()
-	if sp.database != "" {
-		return sp.database, nil
+// physicalDatabase names the database that holds the inbox of s, read on
+// first use.
+func (sp *sharedPool) physicalDatabase(ctx context.Context, s config.Sink) (string, error) {
+	sp.dbMu.Lock()
+	defer sp.dbMu.Unlock()
+	if db, ok := sp.databases[s.Schema]; ok {
+		return db, nil
 	}
-	db, err := inbox.PhysicalDatabase(ctx, sp.pool)
+	db, err := sp.db.PhysicalDatabase(ctx, s)
 	if err != nil {
 		return "", err
 	}
-	sp.database = db
+	if sp.databases == nil {
+		sp.databases = map[string]string{}
+	}
+	sp.databases[s.Schema] = db
 	return db, nil
 }
 
@@ -116,46 +129,98 @@ func NewPools() *Pools {
 	return &Pools{migrationWait: MigrationWait, pools: map[string]*sharedPool{}, owners: map[string]string{}}
 }
 
-func poolKey(dsn string) string {
-	sum := sha256.Sum256([]byte(dsn))
+func poolKey(kind sink.Kind, dsn string) string {
+	sum := sha256.Sum256([]byte(string(kind) + "\x00" + dsn))
 	return hex.EncodeToString(sum[:])
 }
 
-// acquire returns the pool for dsn and records that owner uses it.
-func (p *Pools) acquire(owner, dsn string) (*pgxpool.Pool, error) {
-	sp, err := p.acquireShared(owner, dsn)
+// acquire returns the sink database t names (its kind and connection
+// string) and records that t.Owner uses it. A database not open yet is
+// opened outside the cache's lock (MySQL's open reads the server's
+// version); two owners opening the same one at once keep the first.
+func (p *Pools) acquire(ctx context.Context, t Target) (*sharedPool, error) {
+	kind := t.Sink.DatabaseKind()
+	key := poolKey(kind, t.DSN)
+	p.mu.Lock()
+	sp, unused := p.useLocked(t.Owner, key)
+	p.mu.Unlock()
+	closeDB(unused)
+	if sp != nil {
+		return sp, nil
+	}
+	fresh, err := openShared(ctx, kind, t.DSN)
 	if err != nil {
 		return nil, err
 	}
-	return sp.pool, nil
-}
-
-// acquireShared is acquire with the pool's migration gate.
-func (p *Pools) acquireShared(owner, dsn string) (*sharedPool, error) {
-	sp, unused, err := p.acquireLocked(owner, poolKey(dsn), dsn)
-	if unused != nil {
-		// Close waits for acquired connections: outside the lock.
-		unused.Close()
-	}
-	return sp, err
-}
-
-func (p *Pools) acquireLocked(owner, key, dsn string) (shared *sharedPool, unused *pgxpool.Pool, err error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	sp, unused = p.useLocked(t.Owner, key)
+	if sp == nil {
+		sp, fresh = fresh, nil
+		sp.users = 1
+		p.pools[key] = sp
+		p.owners[t.Owner] = key
+	}
+	p.mu.Unlock()
+	closeDB(unused)
+	if fresh != nil {
+		fresh.db.Close()
+	}
+	return sp, nil
+}
+
+// useLocked records that owner uses the pool of key and returns it, nil
+// when none is open; an owner that used another pool lets go of it, which
+// is returned for the caller to close outside the lock when nobody else
+// uses it.
+func (p *Pools) useLocked(owner, key string) (shared *sharedPool, unused sink.DB) {
 	if old, ok := p.owners[owner]; ok && old != key {
 		unused = p.releaseLocked(owner)
 	}
-	if sp, ok := p.pools[key]; ok {
-		if _, uses := p.owners[owner]; !uses {
-			sp.users++
-			p.owners[owner] = key
-		}
-		return sp, unused, nil
+	sp, ok := p.pools[key]
+	if !ok {
+		return nil, unused
 	}
+	if _, uses := p.owners[owner]; !uses {
+		sp.users++
+		p.owners[owner] = key
+	}
+	return sp, unused
+}
+
+func closeDB(db sink.DB) {
+	if db != nil {
+		// Close waits for acquired connections: outside the lock.
+		db.Close()
+	}
+}
+
+// openShared opens the sink database of kind at dsn. A connection string
+// that does not parse is an *InvalidDSNError: the parse error itself is
+// dropped, because both drivers may quote the string, password included.
+func openShared(ctx context.Context, kind sink.Kind, dsn string) (*sharedPool, error) {
+	var db sink.DB
+	var d dialect
+	switch kind {
+	case sink.MySQL:
+		m, err := openMySQL(ctx, dsn)
+		if err != nil {
+			return nil, err
+		}
+		db, d = m, mysqlDialect{db: m}
+	default:
+		pool, err := openPostgres(dsn)
+		if err != nil {
+			return nil, err
+		}
+		db, d = postgres.New(pool), pgDialect{pool: pool}
+	}
+	return &sharedPool{db: db, dialect: d, migrations: make(chan struct{}, MaxMigrationsPerDatabase)}, nil
+}
+
+func openPostgres(dsn string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, unused, ErrInvalidDSN
+		return nil, &InvalidDSNError{Kind: sink.Postgres}
 	}
 	pc.MaxConns = MaxConnsPerDatabase
 	pc.MinConns = 0
@@ -169,12 +234,32 @@ func (p *Pools) acquireLocked(owner, key, dsn string) (shared *sharedPool, unuse
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
-		return nil, unused, fmt.Errorf("while creating a pool for the sink database: %w", err)
+		return nil, fmt.Errorf("while creating a pool for the sink database: %w", err)
 	}
-	shared = &sharedPool{pool: pool, users: 1, migrations: make(chan struct{}, MaxMigrationsPerDatabase)}
-	p.pools[key] = shared
-	p.owners[owner] = key
-	return shared, unused, nil
+	return pool, nil
+}
+
+// openMySQL opens a MySQL/MariaDB sink database: at most
+// MaxConnsPerDatabase connections, idle ones closed after a minute, a
+// connect timeout of Timeout unless the DSN sets one. Open reads the
+// server's version (one round trip), bounded by Timeout.
+func openMySQL(ctx context.Context, dsn string) (*mysql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, &InvalidDSNError{Kind: sink.MySQL}
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = dbTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	m, err := mysql.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		return nil, fmt.Errorf("while opening the sink database: %w", err)
+	}
+	m.SetMaxConns(MaxConnsPerDatabase)
+	m.SQL().SetConnMaxIdleTime(time.Minute)
+	return m, nil
 }
 
 // Release records that owner no longer uses a pool; the pool is closed
@@ -183,14 +268,12 @@ func (p *Pools) Release(owner string) {
 	p.mu.Lock()
 	unused := p.releaseLocked(owner)
 	p.mu.Unlock()
-	if unused != nil {
-		unused.Close()
-	}
+	closeDB(unused)
 }
 
 // releaseLocked drops owner's use and returns its pool when nobody uses it
 // any more, for the caller to close outside the lock.
-func (p *Pools) releaseLocked(owner string) *pgxpool.Pool {
+func (p *Pools) releaseLocked(owner string) sink.DB {
 	key, ok := p.owners[owner]
 	if !ok {
 		return nil
@@ -205,7 +288,7 @@ func (p *Pools) releaseLocked(owner string) *pgxpool.Pool {
 		return nil
 	}
 	delete(p.pools, key)
-	return sp.pool
+	return sp.db
 }
 
 // Len is the number of open pools.
@@ -235,7 +318,7 @@ func (p *Pools) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for key, sp := range p.pools {
-		sp.pool.Close()
+		sp.db.Close()
 		delete(p.pools, key)
 	}
 	clear(p.owners)

@@ -230,7 +230,7 @@ func TestConcurrentEnsuresAllMigrate(t *testing.T) {
 		t.Fatalf("PostgreSQL saw at most %d of %d inbox migrations at once; want the gate's %d (more: the gate let them through; fewer: the test saw none)",
 			most, n, MaxMigrationsPerDatabase)
 	}
-	sp, err := c.Pools().acquireShared("0", dsn)
+	sp, err := c.Pools().acquire(context.Background(), Target{Owner: "0", DSN: dsn})
 	if err != nil {
 		t.Fatal(err)
 	}

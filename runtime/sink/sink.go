@@ -231,6 +231,13 @@ type DB interface {
 	// Effect builds a transactional effect (upsert, append, sql) whose
 	// tables are in schema.
 	Effect(cfg config.Effect, schema string, entity *config.Entity) (Effect, error)
+	// PhysicalDatabase names the physical database that holds the inbox
+	// sink names, from the database itself and never from the connection
+	// string ("<identity>/<database>"): PostgreSQL's system identifier and
+	// current_database(), MySQL's identity row minted once in that database
+	// (runtime/sink/mysql physical.go says why). The controller records it
+	// in status.inbox.database.
+	PhysicalDatabase(ctx context.Context, sink config.Sink) (string, error)
 	// Close releases the connections.
 	Close()
 }

@@ -7,7 +7,8 @@ import (
 
 // Least privilege (docs/mysql.md, "Least-privilege grants"). Two accounts:
 //
-//   - the controller's (MigrateFor, Check, MarkRestored, DropOwned): it
+//   - the controller's (MigrateFor, Check, MarkRestored, DropOwned, and
+//     PhysicalDatabase, which mints the database's identity row once): it
 //     creates, alters and drops the inbox's tables, so it holds CREATE,
 //     ALTER, DROP, INDEX and the data privileges on the database
 //     (ControllerGrants);

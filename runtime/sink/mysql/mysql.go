@@ -19,6 +19,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -63,6 +64,9 @@ type DB struct {
 	version  string
 	skipLock bool   // FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB 10.6+)
 	account  string // CURRENT_USER(), for the GRANT a privilege error names (advice.go)
+
+	idMu sync.Mutex
+	ids  map[string]string // PhysicalDatabase by database (physical.go)
 }
 
 var _ sink.DB = (*DB)(nil)

@@ -43,6 +43,12 @@ func (d DB) Ping(ctx context.Context) error { return d.Pool.Ping(ctx) }
 
 func (d DB) Close() { d.Pool.Close() }
 
+// PhysicalDatabase is inbox.PhysicalDatabase: the system identifier and
+// current_database() (the schema is not part of it).
+func (d DB) PhysicalDatabase(ctx context.Context, _ config.Sink) (string, error) {
+	return inbox.PhysicalDatabase(ctx, d.Pool)
+}
+
 // Classify is the SQLSTATE table (classify.go).
 func (DB) Classify(err error) (sink.Class, string) { return Classify(err) }
 
