@@ -97,7 +97,7 @@ func (s *MySQLSink) Tables(ctx context.Context) (map[string]bool, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	out := map[string]bool{}
 	for rows.Next() {
 		var n string
@@ -132,14 +132,14 @@ func (s *MySQLSink) Verify(ctx context.Context, w *Workload, inboxTable string) 
 	for rows.Next() {
 		var id []byte
 		if err := rows.Scan(&id); err != nil {
-			rows.Close()
+			_ = rows.Close()
 			return o, err
 		}
 		if ids[string(id)] {
 			o.InboxRows++
 		}
 	}
-	rows.Close()
+	_ = rows.Close()
 	if err := rows.Err(); err != nil {
 		return o, err
 	}
@@ -150,7 +150,7 @@ func (s *MySQLSink) Verify(ctx context.Context, w *Workload, inboxTable string) 
 	if err != nil {
 		return o, fmt.Errorf("reading the projection: %w", err)
 	}
-	defer proj.Close()
+	defer func() { _ = proj.Close() }()
 	return o, w.checkProjection(func(e *OrderEvent) (bool, error) {
 		if !proj.Next() {
 			return false, proj.Err()
