@@ -73,7 +73,7 @@ var _ = Describe("samples", func() {
 		}
 	})
 
-	It("has a MySQL sample for every transactional effect kind", func() {
+	It("has a MySQL sample for every effect kind", func() {
 		covered := map[string]bool{}
 		for _, f := range files {
 			obj := loadYAML(f)
@@ -88,6 +88,7 @@ var _ = Describe("samples", func() {
 		Expect(covered).To(HaveKey("upsert"))
 		Expect(covered).To(HaveKey("append"))
 		Expect(covered).To(HaveKey("sql"))
+		Expect(covered).To(HaveKey("http"))
 	})
 
 	for _, f := range files {
