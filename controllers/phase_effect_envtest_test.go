@@ -46,6 +46,37 @@ func replicasOf(name string) func() int32 {
 	}
 }
 
+// holdsThenRecovers: EffectReady False with reason (an event), the
+// Deployment at 0 replicas and Ready False; after fix, EffectReady True
+// (an event), the declared replicas and Ready, with no manual step.
+func holdsThenRecovers(name, reason string, mustName []string, fix func()) {
+	Eventually(condition(name, messagingv1alpha1.ConditionEffectReady), timeout, interval).Should(Equal("False/" + reason))
+	msg := conditionMessage(name, messagingv1alpha1.ConditionEffectReady)
+	for _, s := range mustName {
+		Expect(msg).To(ContainSubstring(s))
+	}
+	Eventually(replicasOf(name), timeout, interval).Should(Equal(int32(0)))
+	Expect(condition(name, messagingv1alpha1.ConditionReady)()).To(Equal("False/" + reason))
+	// Only a person can fix it: Stalled (kstatus Failed, Argo CD
+	// Degraded) says what to run, and Reconciling is False.
+	Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("True/" + reason))
+	Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).To(Equal(msg))
+	Expect(condition(name, messagingv1alpha1.ConditionReconciling)()).To(Equal("False/Ready"))
+	Expect(condition(name, messagingv1alpha1.ConditionRuntimeReady)()).To(Equal("False/" + messagingv1alpha1.ReasonWaitingForEffect))
+	Eventually(eventsWithReason(name, reason), timeout, interval).Should(Equal(1))
+
+	fix()
+	Eventually(condition(name, messagingv1alpha1.ConditionEffectReady), timeout, interval).Should(Equal("True/Ready"),
+		func() string { return conditionMessage(name, messagingv1alpha1.ConditionEffectReady) })
+	Eventually(replicasOf(name), timeout, interval).Should(Equal(int32(2)))
+	markAvailable(name)
+	Eventually(condition(name, messagingv1alpha1.ConditionReady), timeout, interval).Should(Equal("True/Ready"))
+	Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("False/Ready"))
+	Eventually(eventsWithReason(name, "EffectReady"), timeout, interval).Should(Equal(1))
+	// Several re-checks ran while it was False; still one event each way.
+	Expect(eventsWithReason(name, reason)()).To(Equal(1))
+}
+
 var _ = Describe("the EffectReady preflight", func() {
 	var name, stream, schema string
 
@@ -56,37 +87,6 @@ var _ = Describe("the EffectReady preflight", func() {
 		newSecret(name+"-db", testDSN)
 	})
 
-	// holdsThenRecovers: EffectReady False with reason (an event), the
-	// Deployment at 0 replicas and Ready False; after fix, EffectReady True
-	// (an event), the declared replicas and Ready, with no manual step.
-	holdsThenRecovers := func(reason string, mustName []string, fix func()) {
-		Eventually(condition(name, messagingv1alpha1.ConditionEffectReady), timeout, interval).Should(Equal("False/" + reason))
-		msg := conditionMessage(name, messagingv1alpha1.ConditionEffectReady)
-		for _, s := range mustName {
-			Expect(msg).To(ContainSubstring(s))
-		}
-		Eventually(replicasOf(name), timeout, interval).Should(Equal(int32(0)))
-		Expect(condition(name, messagingv1alpha1.ConditionReady)()).To(Equal("False/" + reason))
-		// Only a person can fix it: Stalled (kstatus Failed, Argo CD
-		// Degraded) says what to run, and Reconciling is False.
-		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("True/" + reason))
-		Expect(conditionMessage(name, messagingv1alpha1.ConditionStalled)).To(Equal(msg))
-		Expect(condition(name, messagingv1alpha1.ConditionReconciling)()).To(Equal("False/Ready"))
-		Expect(condition(name, messagingv1alpha1.ConditionRuntimeReady)()).To(Equal("False/" + messagingv1alpha1.ReasonWaitingForEffect))
-		Eventually(eventsWithReason(name, reason), timeout, interval).Should(Equal(1))
-
-		fix()
-		Eventually(condition(name, messagingv1alpha1.ConditionEffectReady), timeout, interval).Should(Equal("True/Ready"),
-			func() string { return conditionMessage(name, messagingv1alpha1.ConditionEffectReady) })
-		Eventually(replicasOf(name), timeout, interval).Should(Equal(int32(2)))
-		markAvailable(name)
-		Eventually(condition(name, messagingv1alpha1.ConditionReady), timeout, interval).Should(Equal("True/Ready"))
-		Expect(condition(name, messagingv1alpha1.ConditionStalled)()).To(Equal("False/Ready"))
-		Eventually(eventsWithReason(name, "EffectReady"), timeout, interval).Should(Equal(1))
-		// Several re-checks ran while it was False; still one event each way.
-		Expect(eventsWithReason(name, reason)()).To(Equal(1))
-	}
-
 	consumer := func() *messagingv1alpha1.IdempotentConsumer {
 		idc := newConsumer(name, stream, name+"-db")
 		idc.Spec.Sink.Postgres.Schema = messagingv1alpha1.SQLIdentifier(schema)
@@ -96,7 +96,7 @@ var _ = Describe("the EffectReady preflight", func() {
 
 	It("TableNotFound until the table is created", func() {
 		create(consumer())
-		holdsThenRecovers(messagingv1alpha1.ReasonTableNotFound, []string{schema + `"."orders"`, "CREATE TABLE"}, func() {
+		holdsThenRecovers(name, messagingv1alpha1.ReasonTableNotFound, []string{schema + `"."orders"`, "CREATE TABLE"}, func() {
 			createOrdersTable(schema, "")
 		})
 	})
@@ -104,7 +104,7 @@ var _ = Describe("the EffectReady preflight", func() {
 	It("ColumnNotFound until the column is added", func() {
 		sinkExec("CREATE SCHEMA "+schema, "CREATE TABLE "+orders()+" (order_id text PRIMARY KEY, version bigint)")
 		create(consumer())
-		holdsThenRecovers(messagingv1alpha1.ReasonColumnNotFound, []string{`"status"`, "ADD COLUMN"}, func() {
+		holdsThenRecovers(name, messagingv1alpha1.ReasonColumnNotFound, []string{`"status"`, "ADD COLUMN"}, func() {
 			sinkExec("ALTER TABLE " + orders() + " ADD COLUMN status text")
 		})
 	})
@@ -114,7 +114,7 @@ var _ = Describe("the EffectReady preflight", func() {
 		idc := consumer()
 		idc.Spec.Sink.Effect.Upsert.SequenceColumn = "version"
 		create(idc)
-		holdsThenRecovers(messagingv1alpha1.ReasonColumnTypeMismatch, []string{`"version"`, "integer"}, func() {
+		holdsThenRecovers(name, messagingv1alpha1.ReasonColumnTypeMismatch, []string{`"version"`, "integer"}, func() {
 			sinkExec("ALTER TABLE " + orders() + " ALTER COLUMN version TYPE bigint USING version::bigint")
 		})
 	})
@@ -122,7 +122,7 @@ var _ = Describe("the EffectReady preflight", func() {
 	It("NoUniqueKey until a unique index covers the upsert key", func() {
 		sinkExec("CREATE SCHEMA "+schema, "CREATE TABLE "+orders()+" (order_id text, status text, version bigint)")
 		create(consumer())
-		holdsThenRecovers(messagingv1alpha1.ReasonNoUniqueKey, []string{`"order_id"`, "CREATE UNIQUE INDEX"}, func() {
+		holdsThenRecovers(name, messagingv1alpha1.ReasonNoUniqueKey, []string{`"order_id"`, "CREATE UNIQUE INDEX"}, func() {
 			sinkExec("CREATE UNIQUE INDEX ON " + orders() + " (order_id)")
 		})
 	})
@@ -143,7 +143,7 @@ var _ = Describe("the EffectReady preflight", func() {
 		})
 		setSecretData(name+"-db", map[string]string{"dsn": "postgres://" + role + "@127.0.0.1:5432/" + testDB + "?sslmode=disable"})
 		create(consumer())
-		holdsThenRecovers(messagingv1alpha1.ReasonPermissionDenied, []string{role, "UPDATE", "GRANT"}, func() {
+		holdsThenRecovers(name, messagingv1alpha1.ReasonPermissionDenied, []string{role, "UPDATE", "GRANT"}, func() {
 			sinkExec("GRANT SELECT, UPDATE ON " + orders() + " TO " + role)
 		})
 	})
@@ -157,7 +157,7 @@ var _ = Describe("the EffectReady preflight", func() {
 			Params:    map[string]messagingv1alpha1.ValueExpression{"status": "$.status", "id": "$.orderId"},
 		}
 		create(idc)
-		holdsThenRecovers(messagingv1alpha1.ReasonStatementInvalid, []string{"spec.sink.effect.sql.statement", "syntax"}, func() {
+		holdsThenRecovers(name, messagingv1alpha1.ReasonStatementInvalid, []string{"spec.sink.effect.sql.statement", "syntax"}, func() {
 			update(name, func(idc *messagingv1alpha1.IdempotentConsumer) {
 				idc.Spec.Sink.Effect.SQL.Statement = "UPDATE " + orders() + " SET status = :status WHERE order_id = :id"
 			})
