@@ -212,7 +212,8 @@ func checkGraceful(p *proc) error {
 	return nil
 }
 
-// counter reads one unlabelled counter from the process's /metrics.
+// counter reads one counter from the process's /metrics: its one series,
+// whatever its labels (the runtime's carry sink_kind).
 func (p *proc) counter(ctx context.Context, name string) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -230,9 +231,14 @@ func (p *proc) counter(ctx context.Context, name string) (float64, error) {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
 		}
+		if i := strings.LastIndexByte(rest, '}'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		return strconv.ParseFloat(strings.TrimSpace(rest), 64)
 	}
 	return 0, fmt.Errorf("%s: no %s in /metrics", p.rep.name, name)
 }
