@@ -59,45 +59,57 @@ func (s *Inbox) redrivesTable() string { return qualify(s.names.Schema, s.names.
 // the runtime's grants do not give (RuntimeGrants). The outbox is there
 // with every shard row seeded (a crash between the shards table and its
 // seed leaves it short; the seed is INSERT IGNORE, run again).
-func (s *Inbox) optionalDDL(ctx context.Context, q queryer) ([]string, error) {
+//
+// unseen are the optional tables asked for that the account does not see:
+// missing, or not granted to it (information_schema cannot tell which).
+func (s *Inbox) optionalDDL(ctx context.Context, q queryer) (stmts, unseen []string, err error) {
 	if !s.opts.Outbox && !s.opts.Redrives {
-		return nil, nil
+		return nil, nil, nil
 	}
 	// information_schema shows an account the tables it holds a privilege
 	// on: the runtime's grants name these.
 	rows, err := q.QueryContext(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND table_name IN (?, ?, ?)`,
 		s.names.Schema, s.names.Outbox, shardsNameOf(s.names), s.names.Redrives)
 	if err != nil {
-		return nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
+		return nil, nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
 	}
 	defer func() { _ = rows.Close() }()
 	have := map[string]bool{}
 	for rows.Next() {
 		var t string
 		if err := rows.Scan(&t); err != nil {
-			return nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
+			return nil, nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
 		}
 		have[t] = true
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
+		return nil, nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
 	}
-	var stmts []string
+	var want []string
 	if s.opts.Outbox {
+		want = append(want, s.names.Outbox, shardsNameOf(s.names))
 		seeded := 0
 		if have[s.names.Outbox] && have[shardsNameOf(s.names)] {
 			if err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+s.shardsTable()).Scan(&seeded); err != nil {
-				return nil, fmt.Errorf("while counting the outbox shards: %w", err)
+				return nil, nil, fmt.Errorf("while counting the outbox shards: %w", err)
 			}
 		}
 		if seeded < inbox.OutboxShards {
 			stmts = append(stmts, s.outboxDDL()...)
 		}
 	}
-	if s.opts.Redrives && !have[s.names.Redrives] {
-		stmts = append(stmts, s.redrivesDDL())
+	if s.opts.Redrives {
+		want = append(want, s.names.Redrives)
+		if !have[s.names.Redrives] {
+			stmts = append(stmts, s.redrivesDDL())
+		}
 	}
-	return stmts, nil
+	for _, t := range want {
+		if !have[t] {
+			unseen = append(unseen, t)
+		}
+	}
+	return stmts, unseen, nil
 }
 
 // optionalTables are every optional table, for Drop.
@@ -105,15 +117,22 @@ func (s *Inbox) optionalTables() []string {
 	return []string{s.outboxTable(), s.shardsTable(), s.redrivesTable()}
 }
 
-// migrateOptional runs optionalDDL on conn (under the migration lock).
+// migrateOptional runs optionalDDL on conn (under the migration lock). A
+// failure names the tables the account did not see: under the runtime's
+// grants a CREATE refused means one is missing or not granted to it.
 func (s *Inbox) migrateOptional(ctx context.Context, conn *sql.Conn) error {
-	stmts, err := s.optionalDDL(ctx, conn)
+	stmts, unseen, err := s.optionalDDL(ctx, conn)
 	if err != nil {
 		return err
 	}
 	for _, stmt := range stmts {
 		if _, err := conn.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("while creating the outbox and redrive tables: %w", err)
+			why := "the outbox's shard rows are not all seeded"
+			if len(unseen) > 0 {
+				why = strings.Join(unseen, ", ") + ": missing, or not granted to this account; an account holding only " +
+					"mysql.RuntimeGrants needs them created first and granted with the inbox's options"
+			}
+			return fmt.Errorf("while creating the outbox and redrive tables (%s): %w", why, err)
 		}
 	}
 	return nil
