@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -78,5 +79,22 @@ func TestRuntimeGrants(t *testing.T) {
 	}
 	if !strings.Contains(parts, "GRANT LOCK TABLES ON `app`.* TO 'rt'@'%'") || !strings.Contains(parts, "ALTER, DROP ON `app`.`orders_inbox`") {
 		t.Errorf("Partitioned grants lack the partition DDL:\n%s", parts)
+	}
+	// The optional tables only for an inbox that uses them.
+	if strings.Contains(table, "_outbox") || strings.Contains(table, n.Redrives) {
+		t.Errorf("grants without options name an optional table:\n%s", table)
+	}
+	all := mysql.RuntimeGrants(n, config.LayoutTable, "rt@%", inbox.WithOutbox(true), inbox.WithRedrives())
+	for _, want := range []string{
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON `app`.`orders_inbox_outbox` TO 'rt'@'%'",
+		"GRANT SELECT, UPDATE ON `app`.`orders_inbox_outbox_shards` TO 'rt'@'%'",
+		"GRANT SELECT, INSERT ON `app`.`orders_inbox_redrives` TO 'rt'@'%'",
+	} {
+		if !slices.Contains(all, want) {
+			t.Errorf("grants with the outbox and the redrives log lack %s:\n%s", want, strings.Join(all, "\n"))
+		}
+	}
+	if got := mysql.RuntimeGrants(n, config.LayoutTable, "rt@%", inbox.WithOutbox(true)); slices.ContainsFunc(got, func(g string) bool { return strings.Contains(g, n.Redrives) }) {
+		t.Errorf("grants with the outbox alone name the redrives log:\n%s", strings.Join(got, "\n"))
 	}
 }

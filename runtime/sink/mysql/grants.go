@@ -23,13 +23,44 @@ import (
 //     user's: the runtime needs SELECT, INSERT, UPDATE on them (upsert) or
 //     INSERT (append), granted by whoever owns them.
 //
-// The conformance suite runs the runtime under exactly RuntimeGrants
-// (runtime/sink/sinktest, LeastPrivilege). The outbox and redrive tables
-// (not on MySQL yet) are not listed.
+// The optional tables, for an inbox that uses them (the same inbox.Options
+// the runtime opens it with: WithOutbox for spec.emit or http delivery:
+// Outbox, WithRedrives for a redrive run):
+//
+//   - <inbox>_outbox: SELECT, INSERT, UPDATE, DELETE. WriteOutbox and
+//     RequeueOutbox are INSERT … ON DUPLICATE KEY UPDATE (INSERT, UPDATE);
+//     the relay locks its events (SELECT … FOR UPDATE SKIP LOCKED),
+//     MarkOutboxSent and NoteOutboxFailure update them (UPDATE, and SELECT
+//     for the WHERE and the attempts read back); DeadLetterOutbox and
+//     PruneOutbox delete (DELETE);
+//   - <outbox>_shards: SELECT, UPDATE. ClaimOutboxShard locks a shard's
+//     row (SELECT … FOR UPDATE SKIP LOCKED: MariaDB wants SELECT, MySQL
+//     8.0.22+ UPDATE beside it); its rows are seeded by whoever creates the
+//     table, so no INSERT;
+//   - <inbox>_redrives: SELECT, INSERT (RecordRedrive, RedriveSummary).
+//     The redrive's other steps are on the dead letters (LockDeadLetter,
+//     DeleteDeadLetter, FailDeadLetterAgain), already granted.
+//
+// The optional tables must exist before these grants run (GRANT on a
+// missing table is error 1146), created by an account holding
+// ControllerGrants: the controller creates the outbox of an inbox whose
+// resource uses one; the redrives log is created by the first redrive run
+// (its Migrate), so under these grants it is created once beforehand by
+// the controller's account (a Migrate with WithRedrives). A Migrate under
+// these grants then finds every table and runs no DDL.
+//
+// The conformance suite runs the runtime under exactly RuntimeGrants, with
+// and without the optional tables (runtime/sink/sinktest, LeastPrivilege).
 
 // RuntimeGrants are the GRANT statements the runtime's account needs on
-// the inbox n in layout; account is "user@host".
-func RuntimeGrants(n inbox.Names, layout config.Layout, account string) []string {
+// the inbox n in layout, with the optional tables opts asks for (the
+// options the runtime opens the inbox with; none: the inbox's own tables
+// only); account is "user@host".
+func RuntimeGrants(n inbox.Names, layout config.Layout, account string, opts ...inbox.Option) []string {
+	var o inbox.Options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	to := " TO " + accountSQL(account)
 	on := func(privs, table string) string { return "GRANT " + privs + " ON " + qualify(n.Schema, table) + to }
 	inboxPrivs := "SELECT, INSERT, UPDATE, DELETE"
@@ -38,7 +69,7 @@ func RuntimeGrants(n inbox.Names, layout config.Layout, account string) []string
 		inboxPrivs += ", ALTER, DROP"
 		out = append(out, on("SELECT, INSERT, UPDATE", claimLocksName(n)), grantOn("LOCK TABLES", n.Schema, account))
 	}
-	return append(out,
+	out = append(out,
 		on(inboxPrivs, n.Inbox),
 		on("SELECT, INSERT, UPDATE, DELETE", n.DeadLetters),
 		on("SELECT, INSERT, UPDATE", n.PruneRuns),
@@ -50,6 +81,13 @@ func RuntimeGrants(n inbox.Names, layout config.Layout, account string) []string
 		// locking read, MariaDB SELECT alone.
 		on("SELECT, UPDATE", n.Meta),
 	)
+	if o.Outbox {
+		out = append(out, on("SELECT, INSERT, UPDATE, DELETE", n.Outbox), on("SELECT, UPDATE", shardsNameOf(n)))
+	}
+	if o.Redrives {
+		out = append(out, on("SELECT, INSERT", n.Redrives))
+	}
+	return out
 }
 
 // ControllerGrants is the GRANT the controller's account needs on the

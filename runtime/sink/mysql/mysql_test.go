@@ -79,8 +79,8 @@ func harness(opts ...mysql.Option) sinktest.Harness {
 				exec(t, d, "UPDATE "+q(schema, table)+" SET processed_at = processed_at - INTERVAL ? MICROSECOND WHERE message_id = ?", by.Microseconds(), []byte(id))
 			}
 		},
-		OpenAs: func(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config.Layout, without string) sink.DB {
-			return openAs(t, d, schema, n, layout, without, opts...)
+		OpenAs: func(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config.Layout, without sinktest.Revoke, inboxOpts ...inbox.Option) sink.DB {
+			return openAs(t, d, schema, n, layout, without, inboxOpts, opts...)
 		},
 		Advice: func(_ sink.DB, err error) string {
 			var pe *mysql.PrivilegeError
@@ -103,9 +103,9 @@ func TestConformanceCountingClaim(t *testing.T) {
 }
 
 // openAs creates the login 'idc_rt_<random>'@'%' holding exactly
-// mysql.RuntimeGrants (less without on the inbox table) and opens the
-// database as it; the login is dropped when the test ends.
-func openAs(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config.Layout, without string, opts ...mysql.Option) sink.DB {
+// mysql.RuntimeGrants with the inbox's options inboxOpts (less without) and
+// opens the database as it; the login is dropped when the test ends.
+func openAs(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config.Layout, without sinktest.Revoke, inboxOpts []inbox.Option, opts ...mysql.Option) sink.DB {
 	t.Helper()
 	admin := d.(*mysql.DB).SQL()
 	b := make([]byte, 6)
@@ -120,11 +120,11 @@ func openAs(t *testing.T, d sink.DB, schema string, n inbox.Names, layout config
 	}
 	run("CREATE USER '" + user + "'@'%' IDENTIFIED BY '" + password + "'")
 	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP USER IF EXISTS '"+user+"'@'%'") })
-	for _, g := range mysql.RuntimeGrants(n, layout, user+"@%") {
+	for _, g := range mysql.RuntimeGrants(n, layout, user+"@%", inboxOpts...) {
 		run(g)
 	}
-	if without != "" {
-		run("REVOKE " + without + " ON `" + schema + "`.`" + n.Inbox + "` FROM '" + user + "'@'%'")
+	if without.Privilege != "" {
+		run("REVOKE " + without.Privilege + " ON " + mysql.Quote(schema) + "." + mysql.Quote(without.Table) + " FROM '" + user + "'@'%'")
 	}
 	cfg, err := driver.ParseDSN(mysqltest.AdminDSN())
 	if err != nil {

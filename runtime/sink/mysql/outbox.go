@@ -42,26 +42,74 @@ func (s *Inbox) sentAtIndex() string {
 	return quote(inbox.DerivedNameMax(s.names.Outbox, "_sent_at_idx", MaxIdentifier))
 }
 
-func (s *Inbox) shardsName() string {
-	return inbox.DerivedNameMax(s.names.Outbox, "_shards", MaxIdentifier)
+// shardsNameOf is the name of the relay's shard rows of the inbox n.
+func shardsNameOf(n inbox.Names) string {
+	return inbox.DerivedNameMax(n.Outbox, "_shards", MaxIdentifier)
 }
 
-func (s *Inbox) shardsTable() string { return qualify(s.names.Schema, s.shardsName()) }
+func (s *Inbox) shardsTable() string { return qualify(s.names.Schema, shardsNameOf(s.names)) }
 
 func (s *Inbox) redrivesTable() string { return qualify(s.names.Schema, s.names.Redrives) }
 
-// optionalDDL creates the tables the options ask for (Options.Outbox,
-// Options.Redrives), each idempotent, so an inbox migrated without them
-// gets them when a later Migrate asks (as on PostgreSQL).
-func (s *Inbox) optionalDDL() []string {
-	var stmts []string
+// optionalDDL is the DDL of the optional tables the options ask for
+// (Options.Outbox, Options.Redrives) that are not there yet, so an inbox
+// migrated without them gets them when a later Migrate asks (as on
+// PostgreSQL), and a Migrate that finds them runs no DDL: CREATE TABLE IF
+// NOT EXISTS wants the CREATE privilege even on a table that exists, which
+// the runtime's grants do not give (RuntimeGrants). The outbox is there
+// with every shard row seeded (a crash between the shards table and its
+// seed leaves it short; the seed is INSERT IGNORE, run again).
+//
+// unseen are the optional tables asked for that the account does not see:
+// missing, or not granted to it (information_schema cannot tell which).
+func (s *Inbox) optionalDDL(ctx context.Context, q queryer) (stmts, unseen []string, err error) {
+	if !s.opts.Outbox && !s.opts.Redrives {
+		return nil, nil, nil
+	}
+	// information_schema shows an account the tables it holds a privilege
+	// on: the runtime's grants name these.
+	rows, err := q.QueryContext(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = ? AND table_name IN (?, ?, ?)`,
+		s.names.Schema, s.names.Outbox, shardsNameOf(s.names), s.names.Redrives)
+	if err != nil {
+		return nil, nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
+	}
+	defer func() { _ = rows.Close() }()
+	have := map[string]bool{}
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
+		}
+		have[t] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("while looking for the outbox and redrive tables: %w", err)
+	}
+	var want []string
 	if s.opts.Outbox {
-		stmts = append(stmts, s.outboxDDL()...)
+		want = append(want, s.names.Outbox, shardsNameOf(s.names))
+		seeded := 0
+		if have[s.names.Outbox] && have[shardsNameOf(s.names)] {
+			if err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+s.shardsTable()).Scan(&seeded); err != nil {
+				return nil, nil, fmt.Errorf("while counting the outbox shards: %w", err)
+			}
+		}
+		if seeded < inbox.OutboxShards {
+			stmts = append(stmts, s.outboxDDL()...)
+		}
 	}
 	if s.opts.Redrives {
-		stmts = append(stmts, s.redrivesDDL())
+		want = append(want, s.names.Redrives)
+		if !have[s.names.Redrives] {
+			stmts = append(stmts, s.redrivesDDL())
+		}
 	}
-	return stmts
+	for _, t := range want {
+		if !have[t] {
+			unseen = append(unseen, t)
+		}
+	}
+	return stmts, unseen, nil
 }
 
 // optionalTables are every optional table, for Drop.
@@ -69,11 +117,22 @@ func (s *Inbox) optionalTables() []string {
 	return []string{s.outboxTable(), s.shardsTable(), s.redrivesTable()}
 }
 
-// migrateOptional runs optionalDDL on conn (under the migration lock).
+// migrateOptional runs optionalDDL on conn (under the migration lock). A
+// failure names the tables the account did not see: under the runtime's
+// grants a CREATE refused means one is missing or not granted to it.
 func (s *Inbox) migrateOptional(ctx context.Context, conn *sql.Conn) error {
-	for _, stmt := range s.optionalDDL() {
+	stmts, unseen, err := s.optionalDDL(ctx, conn)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range stmts {
 		if _, err := conn.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("while creating the outbox and redrive tables: %w", err)
+			why := "the outbox's shard rows are not all seeded"
+			if len(unseen) > 0 {
+				why = strings.Join(unseen, ", ") + ": missing, or not granted to this account; an account holding only " +
+					"mysql.RuntimeGrants needs them created first and granted with the inbox's options"
+			}
+			return fmt.Errorf("while creating the outbox and redrive tables (%s): %w", why, err)
 		}
 	}
 	return nil
@@ -131,7 +190,8 @@ func outboxHeaders(eventID string, h map[string]string) (any, error) {
 // an event id already present is kept as it is. ON DUPLICATE KEY UPDATE
 // id = id, not INSERT IGNORE: IGNORE would also turn a value that does not
 // fit into a warning.
-func (s *Inbox) WriteOutbox(ctx context.Context, tx sink.Tx, rows []inbox.OutboxRow) error {
+func (s *Inbox) WriteOutbox(ctx context.Context, tx sink.Tx, rows []inbox.OutboxRow) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if len(rows) == 0 {
 		return nil
 	}
@@ -170,7 +230,8 @@ func payloadArg(p []byte) []byte {
 // (sent_at) index, whose "IS NULL" range holds every shard's unsent rows;
 // the relay of another shard would then find its rows locked and skip
 // them (seen on MariaDB 10.11, the conformance suite's OutboxAndRelay).
-func (s *Inbox) ClaimOutboxShard(ctx context.Context, tx sink.Tx, shard, limit int) ([]inbox.PendingEvent, bool, error) {
+func (s *Inbox) ClaimOutboxShard(ctx context.Context, tx sink.Tx, shard, limit int) (_ []inbox.PendingEvent, _ bool, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return nil, false, err
@@ -224,7 +285,8 @@ func idList(ids []int64) (string, []any) {
 }
 
 // MarkOutboxSent marks rows sent in tx, the transaction that claimed them.
-func (s *Inbox) MarkOutboxSent(ctx context.Context, tx sink.Tx, ids []int64) error {
+func (s *Inbox) MarkOutboxSent(ctx context.Context, tx sink.Tx, ids []int64) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if len(ids) == 0 {
 		return nil
 	}
@@ -242,7 +304,8 @@ func (s *Inbox) MarkOutboxSent(ctx context.Context, tx sink.Tx, ids []int64) err
 // NoteOutboxFailure records in tx that the events failed with reason;
 // counted adds one to their attempts. UPDATE has no RETURNING on MySQL or
 // MariaDB: the attempts are read back in tx, which holds the rows.
-func (s *Inbox) NoteOutboxFailure(ctx context.Context, tx sink.Tx, ids []int64, reason string, counted bool) (map[int64]int, error) {
+func (s *Inbox) NoteOutboxFailure(ctx context.Context, tx sink.Tx, ids []int64, reason string, counted bool) (_ map[int64]int, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if len(ids) == 0 {
 		return nil, nil
 	}
@@ -281,7 +344,8 @@ func (s *Inbox) NoteOutboxFailure(ctx context.Context, tx sink.Tx, ids []int64, 
 
 // DeadLetterOutbox moves a claimed event the target refused for good from
 // the outbox to the dead letters, in tx (see inbox.Store.DeadLetterOutbox).
-func (s *Inbox) DeadLetterOutbox(ctx context.Context, tx sink.Tx, e inbox.PendingEvent, reason, class string) error {
+func (s *Inbox) DeadLetterOutbox(ctx context.Context, tx sink.Tx, e inbox.PendingEvent, reason, class string) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return err
@@ -297,10 +361,11 @@ func (s *Inbox) DeadLetterOutbox(ctx context.Context, tx sink.Tx, e inbox.Pendin
 }
 
 // OutboxStats counts unsent rows and the age of the oldest (database clock).
-func (s *Inbox) OutboxStats(ctx context.Context) (inbox.OutboxStats, error) {
+func (s *Inbox) OutboxStats(ctx context.Context) (_ inbox.OutboxStats, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	var st inbox.OutboxStats
 	var us int64
-	err := s.d.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0)
+	err = s.d.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0)
 		FROM `+s.outboxTable()+` WHERE sent_at IS NULL`).Scan(&st.Pending, &us)
 	if err != nil {
 		return st, fmt.Errorf("while reading outbox stats: %w", err)
@@ -314,7 +379,8 @@ func (s *Inbox) OutboxStats(ctx context.Context) (inbox.OutboxStats, error) {
 // deleted: a relay's locked rows are skipped, never waited for), until none
 // are left or maxDuration passed. Unsent rows are never deleted. An inbox
 // without an outbox table has nothing to prune.
-func (s *Inbox) PruneOutbox(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (int64, error) {
+func (s *Inbox) PruneOutbox(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (_ int64, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if batchSize < 1 {
 		return 0, fmt.Errorf("while pruning the outbox: batch size must be positive, got %d", batchSize)
 	}
@@ -382,7 +448,8 @@ func (s *Inbox) pruneOutboxBatch(ctx context.Context, window time.Duration, batc
 // RequeueOutbox puts a dead-lettered outbox event back in the outbox,
 // unsent and with no attempts, in tx (the redrive's, which also deletes the
 // dead letter); its shard is its source id's (inbox.Store.RequeueOutbox).
-func (s *Inbox) RequeueOutbox(ctx context.Context, tx sink.Tx, d inbox.StoredDeadLetter) error {
+func (s *Inbox) RequeueOutbox(ctx context.Context, tx sink.Tx, d inbox.StoredDeadLetter) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return err

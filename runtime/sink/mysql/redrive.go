@@ -73,7 +73,8 @@ func deadLetterWhere(f inbox.DeadLetterFilter) (where string, args []any, limit 
 // ListDeadLetters returns the dead letters f selects, oldest first, each
 // reason cut to excerpt characters; Total counts them before the limit
 // (COUNT(*) OVER (): MariaDB 10.2+, MySQL 8.0+).
-func (s *Inbox) ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, excerpt int) (inbox.DeadLetterListing, error) {
+func (s *Inbox) ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, excerpt int) (_ inbox.DeadLetterListing, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	if excerpt <= 0 {
 		return inbox.DeadLetterListing{}, fmt.Errorf("the reason excerpt must be positive, got %d", excerpt)
 	}
@@ -108,7 +109,8 @@ func (s *Inbox) ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, e
 }
 
 // SelectDeadLetters returns the ids of the rows f selects, oldest first.
-func (s *Inbox) SelectDeadLetters(ctx context.Context, f inbox.DeadLetterFilter) ([]int64, error) {
+func (s *Inbox) SelectDeadLetters(ctx context.Context, f inbox.DeadLetterFilter) (_ []int64, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	where, args, limit := deadLetterWhere(f)
 	rows, err := s.d.db.QueryContext(ctx, `SELECT id FROM `+s.deadLetters+` WHERE `+where+` ORDER BY id`+limit, args...)
 	if err != nil {
@@ -131,7 +133,8 @@ func (s *Inbox) SelectDeadLetters(ctx context.Context, f inbox.DeadLetterFilter)
 
 // LockDeadLetter reads dead letter id in tx and locks it until tx ends; nil
 // when the row is gone or another transaction holds it (SKIP LOCKED).
-func (s *Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (*inbox.StoredDeadLetter, error) {
+func (s *Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (_ *inbox.StoredDeadLetter, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return nil, err
@@ -167,7 +170,8 @@ func (s *Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (*inbo
 }
 
 // DeleteDeadLetter removes dead letter id in tx (it was settled).
-func (s *Inbox) DeleteDeadLetter(ctx context.Context, tx sink.Tx, id int64) error {
+func (s *Inbox) DeleteDeadLetter(ctx context.Context, tx sink.Tx, id int64) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return err
@@ -180,7 +184,8 @@ func (s *Inbox) DeleteDeadLetter(ctx context.Context, tx sink.Tx, id int64) erro
 
 // FailDeadLetterAgain records in tx that dead letter id failed once more:
 // one attempt more, the new reason and class, dead_at now.
-func (s *Inbox) FailDeadLetterAgain(ctx context.Context, tx sink.Tx, id int64, reason, class string) error {
+func (s *Inbox) FailDeadLetterAgain(ctx context.Context, tx sink.Tx, id int64, reason, class string) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return err
@@ -194,7 +199,8 @@ func (s *Inbox) FailDeadLetterAgain(ctx context.Context, tx sink.Tx, id int64, r
 }
 
 // RecordRedrive inserts r in tx.
-func (s *Inbox) RecordRedrive(ctx context.Context, tx sink.Tx, r inbox.Redrive) error {
+func (s *Inbox) RecordRedrive(ctx context.Context, tx sink.Tx, r inbox.Redrive) (err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	t, err := sqlTx(tx)
 	if err != nil {
 		return err
@@ -209,7 +215,8 @@ func (s *Inbox) RecordRedrive(ctx context.Context, tx sink.Tx, r inbox.Redrive) 
 
 // RedriveSummary counts the outcomes recorded for run; an inbox no redrive
 // ran on has no log yet, and an empty summary.
-func (s *Inbox) RedriveSummary(ctx context.Context, run string) (inbox.RedriveSummary, error) {
+func (s *Inbox) RedriveSummary(ctx context.Context, run string) (_ inbox.RedriveSummary, err error) {
+	defer s.advise(&err) // a privilege error names its GRANT
 	sum := inbox.RedriveSummary{Run: run, Outcomes: map[string]int{}}
 	if exists, err := s.tableExists(ctx, s.names.Redrives); err != nil || !exists {
 		return sum, err

@@ -18,10 +18,36 @@ import (
 // lets only the parent's owner create a partition of it (EnsurePartitions)
 // and only a partition's owner drop it (PrunePartitions), and the
 // partitions the runtime creates are its own.
+//
+// The optional tables, for an inbox that uses them (the inbox.Options the
+// runtime opens it with):
+//
+//   - <inbox>_outbox: SELECT, INSERT, UPDATE, DELETE. WriteOutbox is INSERT
+//     … ON CONFLICT (event_id) DO NOTHING (INSERT, and SELECT for the
+//     conflict target), RequeueOutbox the same with DO UPDATE (UPDATE); the
+//     relay locks its events FOR UPDATE (SELECT, UPDATE), MarkOutboxSent
+//     and NoteOutboxFailure update them (… RETURNING: SELECT);
+//     DeadLetterOutbox and PruneOutbox delete. The relay's shard lock is an
+//     advisory lock, which needs no privilege;
+//   - <inbox>_redrives: SELECT, INSERT (RecordRedrive, RedriveSummary);
+//     the rest of a redrive is on the dead letters, already granted.
+//
+// Their bigserial ids take USAGE on their sequences, which the grant on
+// the schema's sequences gives when it runs after the tables exist (as
+// every GRANT on a table must): the controller creates the outbox, and
+// under these grants the redrives log is created beforehand by the
+// tables' owner (a Migrate with WithRedrives). A Migrate under these
+// grants then finds every table and runs no DDL.
 
 // RuntimeGrants are the statements that give role what the runtime needs
-// on the inbox n in layout (run by the tables' owner).
-func RuntimeGrants(n inbox.Names, layout config.Layout, role string) []string {
+// on the inbox n in layout, with the optional tables opts asks for (the
+// options the runtime opens the inbox with; none: the inbox's own tables
+// only); run by the tables' owner.
+func RuntimeGrants(n inbox.Names, layout config.Layout, role string, opts ...inbox.Option) []string {
+	var o inbox.Options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	r := pgx.Identifier{role}.Sanitize()
 	q := func(t string) string { return pgx.Identifier{n.Schema, t}.Sanitize() }
 	out := []string{
@@ -30,9 +56,16 @@ func RuntimeGrants(n inbox.Names, layout config.Layout, role string) []string {
 		"GRANT SELECT, INSERT, UPDATE ON " + q(n.PruneRuns) + ", " + q(n.Window) + " TO " + r,
 		"GRANT SELECT, INSERT ON " + q(n.IDConflicts) + " TO " + r,
 		"GRANT SELECT ON " + q(n.Meta) + " TO " + r,
-		// The bigserial ids of dead letters, prune runs and conflicts.
-		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + pgx.Identifier{n.Schema}.Sanitize() + " TO " + r,
 	}
+	if o.Outbox {
+		out = append(out, "GRANT SELECT, INSERT, UPDATE, DELETE ON "+q(n.Outbox)+" TO "+r)
+	}
+	if o.Redrives {
+		out = append(out, "GRANT SELECT, INSERT ON "+q(n.Redrives)+" TO "+r)
+	}
+	// The bigserial ids of dead letters, prune runs, conflicts, and of the
+	// outbox and redrives when they exist.
+	out = append(out, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA "+pgx.Identifier{n.Schema}.Sanitize()+" TO "+r)
 	if layout == config.LayoutPartitioned {
 		out = append(out, "GRANT CREATE ON SCHEMA "+pgx.Identifier{n.Schema}.Sanitize()+" TO "+r,
 			"ALTER TABLE "+q(n.Inbox)+" OWNER TO "+r)
@@ -91,4 +124,19 @@ func (i Inbox) advise(err error, privileges string) error {
 		return &PrivilegeError{Err: err, Grant: g}
 	}
 	return err
+}
+
+// adviseEach is advise for an operation on several tables, each needing
+// its own privileges (by unqualified name; the message names the table).
+func (i Inbox) adviseEach(err error, privileges map[string]string) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		if m := deniedRE.FindStringSubmatch(pe.Message); m != nil && m[1] == "table" {
+			if p := privileges[m[2]]; p != "" {
+				return i.advise(err, p)
+			}
+			return err
+		}
+	}
+	return i.advise(err, "") // a schema or a sequence: Advice knows the privilege
 }

@@ -167,7 +167,7 @@ func (i Inbox) WriteOutbox(ctx context.Context, tx sink.Tx, rows []inbox.OutboxR
 	if err != nil {
 		return err
 	}
-	return i.Store.WriteOutbox(ctx, ptx, rows)
+	return i.advise(i.Store.WriteOutbox(ctx, ptx, rows), "SELECT, INSERT")
 }
 
 func (i Inbox) ClaimOutboxShard(ctx context.Context, tx sink.Tx, shard, limit int) ([]inbox.PendingEvent, bool, error) {
@@ -175,7 +175,8 @@ func (i Inbox) ClaimOutboxShard(ctx context.Context, tx sink.Tx, shard, limit in
 	if err != nil {
 		return nil, false, err
 	}
-	return i.Store.ClaimOutboxShard(ctx, ptx, shard, limit)
+	events, ok, err := i.Store.ClaimOutboxShard(ctx, ptx, shard, limit)
+	return events, ok, i.advise(err, "SELECT, UPDATE")
 }
 
 func (i Inbox) MarkOutboxSent(ctx context.Context, tx sink.Tx, ids []int64) error {
@@ -183,7 +184,7 @@ func (i Inbox) MarkOutboxSent(ctx context.Context, tx sink.Tx, ids []int64) erro
 	if err != nil {
 		return err
 	}
-	return i.Store.MarkOutboxSent(ctx, ptx, ids)
+	return i.advise(i.Store.MarkOutboxSent(ctx, ptx, ids), "SELECT, UPDATE")
 }
 
 func (i Inbox) NoteOutboxFailure(ctx context.Context, tx sink.Tx, ids []int64, reason string, counted bool) (map[int64]int, error) {
@@ -191,7 +192,8 @@ func (i Inbox) NoteOutboxFailure(ctx context.Context, tx sink.Tx, ids []int64, r
 	if err != nil {
 		return nil, err
 	}
-	return i.Store.NoteOutboxFailure(ctx, ptx, ids, reason, counted)
+	n, err := i.Store.NoteOutboxFailure(ctx, ptx, ids, reason, counted)
+	return n, i.advise(err, "SELECT, UPDATE")
 }
 
 func (i Inbox) DeadLetterOutbox(ctx context.Context, tx sink.Tx, e inbox.PendingEvent, reason, class string) error {
@@ -199,15 +201,36 @@ func (i Inbox) DeadLetterOutbox(ctx context.Context, tx sink.Tx, e inbox.Pending
 	if err != nil {
 		return err
 	}
-	return i.Store.DeadLetterOutbox(ctx, ptx, e, reason, class)
+	return i.adviseEach(i.Store.DeadLetterOutbox(ctx, ptx, e, reason, class),
+		map[string]string{i.Names().DeadLetters: "SELECT, INSERT", i.Names().Outbox: "SELECT, DELETE"})
 }
 
 func (i Inbox) ListDeadLetters(ctx context.Context, f inbox.DeadLetterFilter, excerpt int) (inbox.DeadLetterListing, error) {
-	return i.Store.ListDeadLetters(ctx, i.pool, f, excerpt)
+	l, err := i.Store.ListDeadLetters(ctx, i.pool, f, excerpt)
+	return l, i.advise(err, "SELECT")
 }
 
 func (i Inbox) SelectDeadLetters(ctx context.Context, f inbox.DeadLetterFilter) ([]int64, error) {
-	return i.Store.SelectDeadLetters(ctx, i.pool, f)
+	ids, err := i.Store.SelectDeadLetters(ctx, i.pool, f)
+	return ids, i.advise(err, "SELECT")
+}
+
+// PruneOutbox is the Store's with its privilege error's GRANT.
+func (i Inbox) PruneOutbox(ctx context.Context, window time.Duration, batchSize int, maxDuration time.Duration) (int64, error) {
+	n, err := i.Store.PruneOutbox(ctx, window, batchSize, maxDuration)
+	return n, i.advise(err, "SELECT, UPDATE, DELETE")
+}
+
+// OutboxStats is the Store's with its privilege error's GRANT.
+func (i Inbox) OutboxStats(ctx context.Context) (inbox.OutboxStats, error) {
+	st, err := i.Store.OutboxStats(ctx)
+	return st, i.advise(err, "SELECT")
+}
+
+// RedriveSummary is the Store's with its privilege error's GRANT.
+func (i Inbox) RedriveSummary(ctx context.Context, run string) (inbox.RedriveSummary, error) {
+	sum, err := i.Store.RedriveSummary(ctx, run)
+	return sum, i.advise(err, "SELECT")
 }
 
 func (i Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (*inbox.StoredDeadLetter, error) {
@@ -215,7 +238,8 @@ func (i Inbox) LockDeadLetter(ctx context.Context, tx sink.Tx, id int64) (*inbox
 	if err != nil {
 		return nil, err
 	}
-	return i.Store.LockDeadLetter(ctx, ptx, id)
+	d, err := i.Store.LockDeadLetter(ctx, ptx, id)
+	return d, i.advise(err, "SELECT, UPDATE")
 }
 
 func (i Inbox) DeleteDeadLetter(ctx context.Context, tx sink.Tx, id int64) error {
@@ -223,7 +247,7 @@ func (i Inbox) DeleteDeadLetter(ctx context.Context, tx sink.Tx, id int64) error
 	if err != nil {
 		return err
 	}
-	return i.Store.DeleteDeadLetter(ctx, ptx, id)
+	return i.advise(i.Store.DeleteDeadLetter(ctx, ptx, id), "SELECT, DELETE")
 }
 
 func (i Inbox) FailDeadLetterAgain(ctx context.Context, tx sink.Tx, id int64, reason, class string) error {
@@ -231,7 +255,7 @@ func (i Inbox) FailDeadLetterAgain(ctx context.Context, tx sink.Tx, id int64, re
 	if err != nil {
 		return err
 	}
-	return i.Store.FailDeadLetterAgain(ctx, ptx, id, reason, class)
+	return i.advise(i.Store.FailDeadLetterAgain(ctx, ptx, id, reason, class), "SELECT, UPDATE")
 }
 
 func (i Inbox) RecordRedrive(ctx context.Context, tx sink.Tx, r inbox.Redrive) error {
@@ -239,7 +263,7 @@ func (i Inbox) RecordRedrive(ctx context.Context, tx sink.Tx, r inbox.Redrive) e
 	if err != nil {
 		return err
 	}
-	return i.Store.RecordRedrive(ctx, ptx, r)
+	return i.advise(i.Store.RecordRedrive(ctx, ptx, r), "INSERT")
 }
 
 func (i Inbox) RequeueOutbox(ctx context.Context, tx sink.Tx, d inbox.StoredDeadLetter) error {
@@ -247,5 +271,5 @@ func (i Inbox) RequeueOutbox(ctx context.Context, tx sink.Tx, d inbox.StoredDead
 	if err != nil {
 		return err
 	}
-	return i.Store.RequeueOutbox(ctx, ptx, d)
+	return i.advise(i.Store.RequeueOutbox(ctx, ptx, d), "SELECT, INSERT, UPDATE")
 }

@@ -72,10 +72,10 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// openAs creates a login role holding exactly postgres.RuntimeGrants (less
-// without on the inbox table) and opens the database as it; the role and
-// what it owns are dropped when the test ends.
-func openAs(t *testing.T, db sink.DB, schema string, n inbox.Names, layout config.Layout, without string) sink.DB {
+// openAs creates a login role holding exactly postgres.RuntimeGrants with
+// the inbox's options opts (less without) and opens the database as it;
+// the role and what it owns are dropped when the test ends.
+func openAs(t *testing.T, db sink.DB, schema string, n inbox.Names, layout config.Layout, without sinktest.Revoke, opts ...inbox.Option) sink.DB {
 	t.Helper()
 	admin := pool(db).Pool
 	b := make([]byte, 4)
@@ -87,9 +87,9 @@ func openAs(t *testing.T, db sink.DB, schema string, n inbox.Names, layout confi
 		_, _ = admin.Exec(c, "DROP OWNED BY "+role)
 		_, _ = admin.Exec(c, "DROP ROLE IF EXISTS "+role)
 	})
-	pgtest.Exec(t, admin, postgres.RuntimeGrants(n, layout, role)...)
-	if without != "" {
-		pgtest.Exec(t, admin, "REVOKE "+without+" ON "+pgx.Identifier{schema, n.Inbox}.Sanitize()+" FROM "+role)
+	pgtest.Exec(t, admin, postgres.RuntimeGrants(n, layout, role, opts...)...)
+	if without.Privilege != "" {
+		pgtest.Exec(t, admin, "REVOKE "+without.Privilege+" ON "+pgx.Identifier{schema, without.Table}.Sanitize()+" FROM "+role)
 	}
 	cfg := admin.Config().Copy()
 	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""

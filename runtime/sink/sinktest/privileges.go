@@ -15,7 +15,8 @@ import (
 // the dialect documents for it (Harness.OpenAs): every operation the loop,
 // prune and heartbeat perform works. Without INSERT on the inbox table the
 // claim fails as ClassSink insufficient_privilege, and the error the loop
-// shows names the GRANT to run (Harness.Advice).
+// shows names the GRANT to run (Harness.Advice). The same for an inbox
+// with the outbox and the redrives log (leastPrivilegeOutbox).
 func leastPrivilege(t *testing.T, h Harness) {
 	if h.OpenAs == nil || h.Advice == nil {
 		t.Fatal("the harness has no OpenAs or Advice: every dialect documents its least-privilege grants and tests them")
@@ -23,6 +24,7 @@ func leastPrivilege(t *testing.T, h Harness) {
 	for _, layout := range []config.Layout{config.LayoutTable, config.LayoutPartitioned} {
 		t.Run(string(layout), func(t *testing.T) { leastPrivilegeIn(t, h, layout) })
 	}
+	t.Run("OutboxAndRedrive", func(t *testing.T) { leastPrivilegeOutbox(t, h) })
 }
 
 func leastPrivilegeIn(t *testing.T, h Harness, layout config.Layout) {
@@ -30,7 +32,7 @@ func leastPrivilegeIn(t *testing.T, h Harness, layout config.Layout) {
 	c := ctx(t)
 	n := ctl.in.Names()
 	sinkCfg := config.Sink{Schema: ctl.schema, InboxTable: inboxTable, Layout: layout}
-	runtimeEnv := func(without string) *env {
+	runtimeEnv := func(without Revoke) *env {
 		db := h.OpenAs(t, ctl.db, ctl.schema, n, layout, without)
 		in, err := db.Inbox(sinkCfg, inbox.WithExpectedEpoch(id.Epoch))
 		if err != nil {
@@ -38,7 +40,7 @@ func leastPrivilegeIn(t *testing.T, h Harness, layout config.Layout) {
 		}
 		return &env{h: h, db: db, schema: ctl.schema, in: in}
 	}
-	rt := runtimeEnv("")
+	rt := runtimeEnv(Revoke{})
 	if err := rt.in.Verify(c); err != nil {
 		t.Fatalf("Verify under the runtime's grants: %v", err)
 	}
@@ -98,7 +100,7 @@ func leastPrivilegeIn(t *testing.T, h Harness, layout config.Layout) {
 	}
 
 	// One grant short: INSERT on the inbox table.
-	bad := runtimeEnv("INSERT")
+	bad := runtimeEnv(Revoke{Privilege: "INSERT", Table: n.Inbox})
 	_, err = bad.claimOnce([]string{"z"})
 	if err == nil {
 		t.Fatal("a claim without INSERT on the inbox succeeded")

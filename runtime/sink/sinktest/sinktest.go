@@ -36,13 +36,18 @@ type Harness struct {
 	Age func(t *testing.T, db sink.DB, schema, table string, ids []string, d time.Duration)
 	// OpenAs opens db's database (schema) as a new login holding only the
 	// grants the dialect documents for the runtime on the inbox names in
-	// layout, less the privilege without on the inbox table itself (""
-	// for none); the login is removed when the test ends.
-	OpenAs func(t *testing.T, db sink.DB, schema string, names inbox.Names, layout config.Layout, without string) sink.DB
+	// layout with the optional tables opts asks for (RuntimeGrants with
+	// opts), less the privilege without (none when it is the zero Revoke);
+	// the login is removed when the test ends.
+	OpenAs func(t *testing.T, db sink.DB, schema string, names inbox.Names, layout config.Layout, without Revoke, opts ...inbox.Option) sink.DB
 	// Advice is the GRANT statement the error err (from db) names, "" for
 	// none.
 	Advice func(db sink.DB, err error) string
 }
+
+// Revoke is one privilege on one of the inbox's tables (unqualified) that
+// OpenAs takes back after the runtime's grants.
+type Revoke struct{ Privilege, Table string }
 
 // Order is one row of the orders table.
 type Order struct {
