@@ -105,14 +105,21 @@ func leastPrivilegeIn(t *testing.T, h Harness, layout config.Layout) {
 	if err == nil {
 		t.Fatal("a claim without INSERT on the inbox succeeded")
 	}
-	if class, reason := bad.db.Classify(err); class != sink.ClassSink || reason != sink.ReasonInsufficientPrivilege {
+	wantGrantNamed(t, h, bad.db, err, "INSERT", n.Inbox)
+}
+
+// wantGrantNamed fails unless err, from db run one grant short, classifies
+// as insufficient_privilege and names the GRANT of privilege on table.
+func wantGrantNamed(t *testing.T, h Harness, db sink.DB, err error, privilege, table string) {
+	t.Helper()
+	if class, reason := db.Classify(err); class != sink.ClassSink || reason != sink.ReasonInsufficientPrivilege {
 		t.Fatalf("Classify(%v) = %d, %q; want ClassSink insufficient_privilege", err, class, reason)
 	}
-	advice := h.Advice(bad.db, err)
-	if !strings.HasPrefix(advice, "GRANT ") || !strings.Contains(advice, "INSERT") || !strings.Contains(advice, n.Inbox) {
-		t.Fatalf("Advice(%v) = %q; want the GRANT of INSERT on %s", err, advice, n.Inbox)
+	advice := h.Advice(db, err)
+	if !strings.HasPrefix(advice, "GRANT ") || !strings.Contains(advice, privilege) || !strings.Contains(advice, table) {
+		t.Fatalf("Advice(%v) = %q; want the GRANT of %s on %s", err, advice, privilege, table)
 	}
-	t.Logf("without INSERT: %v", err)
+	t.Logf("without %s on %s: %v", privilege, table, err)
 	if !strings.Contains(err.Error(), advice) {
 		t.Fatalf("the error the loop shows does not name the GRANT %q: %v", advice, err)
 	}

@@ -2,13 +2,11 @@ package sinktest
 
 import (
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
-	"github.com/idempotency-dev/idc-operator/runtime/sink"
 )
 
 // leastPrivilegeOutbox: the controller provisions an inbox with the
@@ -161,15 +159,5 @@ func leastPrivilegeOutbox(t *testing.T, h Harness) {
 	if err == nil {
 		t.Fatal("an outbox write without INSERT on the outbox table succeeded")
 	}
-	if class, reason := bad.db.Classify(err); class != sink.ClassSink || reason != sink.ReasonInsufficientPrivilege {
-		t.Fatalf("Classify(%v) = %d, %q; want ClassSink insufficient_privilege", err, class, reason)
-	}
-	advice := h.Advice(bad.db, err)
-	if !strings.HasPrefix(advice, "GRANT ") || !strings.Contains(advice, "INSERT") || !strings.Contains(advice, n.Outbox) {
-		t.Fatalf("Advice(%v) = %q; want the GRANT of INSERT on %s", err, advice, n.Outbox)
-	}
-	t.Logf("without INSERT on the outbox: %v", err)
-	if !strings.Contains(err.Error(), advice) {
-		t.Fatalf("the error the loop shows does not name the GRANT %q: %v", advice, err)
-	}
+	wantGrantNamed(t, h, bad.db, err, "INSERT", n.Outbox)
 }
