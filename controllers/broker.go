@@ -20,6 +20,10 @@ type BrokerReading struct {
 	// Lag is the broker's backlog for the consumer; nil when it could not
 	// be read (the window may still have been).
 	Lag *int64
+	// ConsumerMissing: the broker answered that the consumer (JetStream
+	// durable, Redis group, RabbitMQ queue, Kafka topic) the lag is read
+	// from does not exist yet. The runtime creates it on its first start.
+	ConsumerMissing bool
 }
 
 // BrokerObserver reads the broker of one resource: the window's inputs, the
@@ -42,6 +46,7 @@ func (LiveBroker) Observe(ctx context.Context, cfg *config.Config, getenv func(s
 		lag := rd.Lag
 		out.Lag = &lag
 	}
+	out.ConsumerMissing = errors.Is(rd.LagErr, retention.ErrSourceNotFound)
 	return out, err
 }
 
@@ -62,8 +67,11 @@ func (b *brokerReading) failedRead() bool {
 	return b.err != nil && !errors.Is(b.err, retention.ErrUnboundedReplay)
 }
 
+// ttl is how long a reading is kept: --retention-period, and
+// --recheck-period while the broker could not be read or the consumer does
+// not exist yet (autoscaling from 0 waits for it: autoscalingPhase).
 func (b *brokerReading) ttl(period, recheck time.Duration) time.Duration {
-	if b.failedRead() {
+	if b.failedRead() || b.reading.ConsumerMissing {
 		return min(period, recheck)
 	}
 	return period

@@ -137,6 +137,9 @@ type fakeBroker struct {
 	limits retention.ConsumerLimits
 	// lag the broker reports (7 when nil).
 	lag *int64
+	// consumerMissing: the broker has the stream but not the consumer yet
+	// (no lag, the window still derived).
+	consumerMissing bool
 }
 
 func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string) string, now time.Time) (BrokerReading, error) {
@@ -158,7 +161,16 @@ func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string)
 		// Unbounded replay: the horizons are filled in, the window is not.
 		res.Window, res.DerivedFrom = 0, "max_age=0 (unlimited) (fake)"
 	}
+	if f.consumerMissing {
+		return BrokerReading{Result: res, ConsumerMissing: true}, f.err
+	}
 	return BrokerReading{Result: res, Lag: &lag}, f.err
+}
+
+func (f *fakeBroker) setConsumerMissing(missing bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.consumerMissing = missing
 }
 
 func (f *fakeBroker) readCount() int {

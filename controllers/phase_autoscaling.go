@@ -55,7 +55,8 @@ func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Resul
 		return ctrl.Result{}, nil
 	}
 	paused := idc.Spec.Suspend || !s.obs.effect.ok
-	so, ta, err := specs.ScaledObject(idc, &s.rc.RuntimeConfig, paused)
+	hold := specs.ScaleHold{Paused: paused, AwaitConsumer: s.reading != nil && s.reading.reading.ConsumerMissing}
+	so, ta, err := specs.ScaledObject(idc, &s.rc.RuntimeConfig, hold)
 	if err != nil {
 		s.obs.autoscaling = failed(messagingv1alpha1.ReasonInvalidSpec, err.Error())
 		return ctrl.Result{}, nil
@@ -76,13 +77,13 @@ func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Resul
 		}
 	}
 	idc.Status.Runtime.ScaledObject = so.GetName()
-	return ctrl.Result{}, r.observeScaling(ctx, s, a, paused)
+	return ctrl.Result{}, r.observeScaling(ctx, s, a, hold)
 }
 
 // observeScaling reads the ScaledObject's conditions and its
 // HorizontalPodAutoscaler into the Autoscaling condition and the status'
 // desired replicas and reason.
-func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, paused bool) error {
+func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, hold specs.ScaleHold) error {
 	idc := s.idc
 	live := &unstructured.Unstructured{}
 	live.SetGroupVersionKind(specs.GVKScaledObject)
@@ -97,11 +98,11 @@ func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv
 		s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA: "+ready.message)
 	default:
 		s.obs.autoscaling = okOutcome(messagingv1alpha1.ReasonScaledByKEDA,
-			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", a.MinReplicasOrDefault(), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig)))
+			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", hold.MinReplicas(a), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig)))
 	}
 	desired := s.liveReplicas
 	var why string
-	if paused {
+	if hold.Paused {
 		why = "held at 0 by the ScaledObject's paused-replicas (spec.suspend, or EffectReady False)"
 	} else {
 		var hpa autoscalingv2.HorizontalPodAutoscaler
@@ -113,6 +114,9 @@ func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv
 			return fmt.Errorf("reading KEDA's HorizontalPodAutoscaler: %w", err)
 		default:
 			why = hpaReason(&hpa, a, specs.LagPerReplica(idc, &s.rc.RuntimeConfig), active)
+		}
+		if hold.AwaitConsumer && hold.MinReplicas(a) != a.MinReplicasOrDefault() {
+			why = fmt.Sprintf("minReplicas 0 held at 1 until the broker has the consumer KEDA reads the lag from (the runtime creates it on its first start; at 0 nothing would); %s", why)
 		}
 	}
 	s.setScale(desired, why)

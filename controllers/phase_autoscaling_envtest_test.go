@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -340,6 +341,53 @@ func TestDeploymentReplicasLeftToTheAutoscaler(t *testing.T) {
 	err := e.c.Get(ctx, key, so)
 	if err == nil && so.GetDeletionTimestamp() == nil {
 		t.Fatal("autoscaling off: the ScaledObject is still there")
+	}
+}
+
+// minReplicas 0 on a new resource: KEDA scales a ScaledObject that has
+// never been active to 0 at its first poll (initialCooldownPeriod 0), and
+// the JetStream scaler reads no lag from a durable that does not exist. The
+// runtime creates the durable on its first start, so until the broker shows
+// it the ScaledObject's minimum is held at 1, the reading is retried at
+// --recheck-period, and the minimum is 0 again once the consumer exists.
+func TestMinReplicasZeroWaitsForTheConsumer(t *testing.T) {
+	e := newKEDAEnv(t)
+	broker := e.r.opts.Broker.(*fakeBroker)
+	clk := e.r.opts.Clock.(*testclock.FakeClock)
+	broker.setConsumerMissing(true)
+	e.create(secretOf("db", "dsn"))
+	idc := autoscaledConsumer("from-zero", messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{URL: "nats://nats:4222", Stream: "ORDERS", Consumer: "from-zero"}})
+	idc.Spec.Runtime.Autoscaling.MinReplicas = ptr.To(int32(0))
+	e.create(idc)
+	e.pass("from-zero")
+	minCount := func() any {
+		t.Helper()
+		v, _, _ := unstructured.NestedFieldNoCopy(e.read("ScaledObject", "from-zero").Object, "spec", "minReplicaCount")
+		return v
+	}
+	if got := minCount(); got != int64(1) {
+		t.Fatalf("no consumer on the broker yet: minReplicaCount %v, want 1 (held until the runtime creates it)", got)
+	}
+	res, err := e.r.Reconcile(context.Background(), reqFor("shop", "from-zero"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > DefaultRecheckPeriod {
+		t.Fatalf("awaiting the consumer: next pass in %s, want within --recheck-period %s", res.RequeueAfter, DefaultRecheckPeriod)
+	}
+	if st := getIDC(t, e.c, "from-zero").Status.Runtime; st == nil || !strings.Contains(st.ScaleReason, "held at 1 until the broker has the consumer") {
+		t.Fatalf("status.runtime %+v: want the scale reason to say the minimum is held at 1 for the consumer", st)
+	}
+
+	broker.setConsumerMissing(false)
+	clk.Step(DefaultRecheckPeriod + time.Second)
+	reads := broker.readCount()
+	e.pass("from-zero")
+	if broker.readCount() == reads {
+		t.Fatalf("the broker was not read again after --recheck-period while the consumer was missing")
+	}
+	if got := minCount(); got != int64(0) {
+		t.Fatalf("the consumer exists: minReplicaCount %v, want the declared 0", got)
 	}
 }
 

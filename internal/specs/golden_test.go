@@ -159,7 +159,7 @@ func renderGolden(t *testing.T, in *goldenInput) map[string]any {
 		"redrive-job":         RedriveJob(idc, rc, in.Image, in.SecretsHash, in.Redrive.Token, in.Redrive.Reason, in.Redrive.IDs),
 	}
 	if idc.Spec.Runtime.Autoscaling != nil {
-		so, ta, err := ScaledObject(idc, rc, in.Paused)
+		so, ta, err := ScaledObject(idc, rc, ScaleHold{Paused: in.Paused})
 		if err != nil {
 			t.Fatal(err)
 		}

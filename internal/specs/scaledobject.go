@@ -163,11 +163,31 @@ func natsMonitoring(a *messagingv1alpha1.AutoscalingSpec, j *messagingv1alpha1.N
 	return net.JoinHostPort(u.Hostname(), natsMonitoringPort), u.Scheme == "tls" || u.Scheme == "wss" || j.TLS != nil, nil
 }
 
+// ScaleHold is what the controller knows that KEDA's scaler does not.
+type ScaleHold struct {
+	// Paused holds the Deployment at 0 (suspend, or a sink that cannot
+	// take the effect yet).
+	Paused bool
+	// AwaitConsumer raises minReplicas 0 to 1 while the broker has no
+	// consumer for the scaler to read: the runtime creates it on its first
+	// start, and KEDA (initialCooldownPeriod 0) would otherwise scale a new
+	// Deployment to 0 at its first poll, before any pod created it, and
+	// nothing would ever wake it.
+	AwaitConsumer bool
+}
+
+// MinReplicas is the minReplicaCount the ScaledObject gets under h.
+func (h ScaleHold) MinReplicas(a *messagingv1alpha1.AutoscalingSpec) int32 {
+	if h.AwaitConsumer {
+		return max(a.MinReplicasOrDefault(), 1)
+	}
+	return a.MinReplicasOrDefault()
+}
+
 // ScaledObject renders the KEDA ScaledObject that scales the consumer
 // Deployment, and the TriggerAuthentication it references (nil when the
-// scaler needs no Secret). paused holds the Deployment at 0 (suspend, or a
-// sink that cannot take the effect yet). Pure.
-func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, paused bool) (*unstructured.Unstructured, *unstructured.Unstructured, error) {
+// scaler needs no Secret), under hold. Pure.
+func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, hold ScaleHold) (*unstructured.Unstructured, *unstructured.Unstructured, error) {
 	a := idc.Spec.Runtime.Autoscaling
 	t, err := renderKEDATrigger(idc, rc)
 	if err != nil {
@@ -201,7 +221,7 @@ func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, 
 		"metadata": map[string]any{"name": DeploymentName(idc), "namespace": idc.Namespace, "labels": labels},
 		"spec": map[string]any{
 			"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": DeploymentName(idc)},
-			"minReplicaCount": int64(a.MinReplicasOrDefault()),
+			"minReplicaCount": int64(hold.MinReplicas(a)),
 			"maxReplicaCount": int64(a.MaxReplicas),
 			"pollingInterval": secondsOr(a.PollingInterval, 30),
 			"cooldownPeriod":  secondsOr(a.CooldownPeriod, 300),
@@ -212,7 +232,7 @@ func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, 
 		},
 	}}
 	so.SetGroupVersionKind(GVKScaledObject)
-	if paused {
+	if hold.Paused {
 		// KEDA scales the target to this count and stops scaling it.
 		so.SetAnnotations(map[string]string{"autoscaling.keda.sh/paused-replicas": "0"})
 	}
