@@ -67,11 +67,15 @@ func (b *brokerReading) failedRead() bool {
 	return b.err != nil && !errors.Is(b.err, retention.ErrUnboundedReplay)
 }
 
-// ttl is how long a reading is kept: --retention-period, and
-// --recheck-period while the broker could not be read or the consumer does
+// rechecked says the reading is read again within --recheck-period, not
+// --retention-period: the broker could not be read, or the consumer does
 // not exist yet (autoscaling from 0 waits for it: autoscalingPhase).
+func (b *brokerReading) rechecked() bool {
+	return b.failedRead() || b.reading.ConsumerMissing
+}
+
 func (b *brokerReading) ttl(period, recheck time.Duration) time.Duration {
-	if b.failedRead() || b.reading.ConsumerMissing {
+	if b.rechecked() {
 		return min(period, recheck)
 	}
 	return period

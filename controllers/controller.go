@@ -188,13 +188,14 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 
 // requeue is the earliest of what the phases asked for and the next broker
 // read, jittered so that many resources do not read at once. A broker that
-// could not be read is read again within the re-check period.
+// could not be read, or has no consumer yet, is read again within the
+// re-check period.
 func (r *Reconciler) requeue(s *scope, res ctrl.Result) ctrl.Result {
 	next := r.opts.RetentionPeriod
 	if s.reading != nil {
 		next = max(s.reading.dueIn(r.opts.Clock.Now(), r.opts.RetentionPeriod, r.opts.RecheckPeriod), time.Second)
 	}
-	if s.reading == nil || !s.reading.failedRead() {
+	if s.reading == nil || !s.reading.rechecked() {
 		next += time.Duration(rand.Float64() * 0.1 * float64(r.opts.RetentionPeriod))
 	}
 	if res.RequeueAfter > 0 && res.RequeueAfter < next {

@@ -356,33 +356,33 @@ func TestMinReplicasZeroWaitsForTheConsumer(t *testing.T) {
 	clk := e.r.opts.Clock.(*testclock.FakeClock)
 	broker.setConsumerMissing(true)
 	e.create(secretOf("db", "dsn"))
-	idc := autoscaledConsumer("from-zero", messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{URL: "nats://nats:4222", Stream: "ORDERS", Consumer: "from-zero"}})
+	idc := autoscaledConsumer("fromzero", messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{URL: "nats://nats:4222", Stream: "ORDERS", Consumer: "fromzero"}})
 	idc.Spec.Runtime.Autoscaling.MinReplicas = ptr.To(int32(0))
 	e.create(idc)
-	e.pass("from-zero")
+	e.pass("fromzero")
 	minCount := func() any {
 		t.Helper()
-		v, _, _ := unstructured.NestedFieldNoCopy(e.read("ScaledObject", "from-zero").Object, "spec", "minReplicaCount")
+		v, _, _ := unstructured.NestedFieldNoCopy(e.read("ScaledObject", "fromzero").Object, "spec", "minReplicaCount")
 		return v
 	}
 	if got := minCount(); got != int64(1) {
 		t.Fatalf("no consumer on the broker yet: minReplicaCount %v, want 1 (held until the runtime creates it)", got)
 	}
-	res, err := e.r.Reconcile(context.Background(), reqFor("shop", "from-zero"))
+	res, err := e.r.Reconcile(context.Background(), reqFor("shop", "fromzero"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.RequeueAfter <= 0 || res.RequeueAfter > DefaultRecheckPeriod {
 		t.Fatalf("awaiting the consumer: next pass in %s, want within --recheck-period %s", res.RequeueAfter, DefaultRecheckPeriod)
 	}
-	if st := getIDC(t, e.c, "from-zero").Status.Runtime; st == nil || !strings.Contains(st.ScaleReason, "held at 1 until the broker has the consumer") {
+	if st := getIDC(t, e.c, "fromzero").Status.Runtime; st == nil || !strings.Contains(st.ScaleReason, "held at 1 until the broker has the consumer") {
 		t.Fatalf("status.runtime %+v: want the scale reason to say the minimum is held at 1 for the consumer", st)
 	}
 
 	broker.setConsumerMissing(false)
 	clk.Step(DefaultRecheckPeriod + time.Second)
 	reads := broker.readCount()
-	e.pass("from-zero")
+	e.pass("fromzero")
 	if broker.readCount() == reads {
 		t.Fatalf("the broker was not read again after --recheck-period while the consumer was missing")
 	}
