@@ -140,7 +140,7 @@ test-chaos: ## Long chaos runs on PostgreSQL and on MariaDB (one CHAOS line each
 	IDC_CHAOS=long go test -count=1 -timeout 20m -run 'TestBinary/PipelineChaos' -v ./test/integration/
 
 .PHONY: bench
-bench: ## Data-plane benchmark table: DB ceiling, idc-runtime replicas per broker, inbox modes, RATIO lines; then the MariaDB rows (ceiling, 2 x 500, per message).
+bench: nats ## Data-plane benchmark table on nats-server 2.15.3: DB ceiling, idc-runtime replicas per broker, inbox modes, RATIO lines; the headline and the 10%/50%-of-sustained latency rows also on the machine's 2.9.10 (RATIO nats_2.15_vs_2.9_*); then the MariaDB rows.
 	@hack/services.sh check
 	go test -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/bench/...
 

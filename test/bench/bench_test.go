@@ -2,7 +2,9 @@
 // project's batched inbox with the textbook per-message inbox and with no
 // deduplication at all (the upper bound), all writing the same gated upsert
 // into PostgreSQL. Run it with `make bench`. It needs PostgreSQL and NATS
-// JetStream on loopback and fails (never skips) when either is down.
+// JetStream on loopback (the current nats-server, which TestMain starts,
+// and the machine's: nats_test.go) and fails (never skips) when either is
+// down.
 package bench
 
 import (
@@ -32,7 +34,6 @@ import (
 )
 
 const (
-	natsURL  = "nats://127.0.0.1:4222"
 	adminDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 	// keys × versions unique events plus 20% re-sent duplicates: 100,000
@@ -83,7 +84,7 @@ func BenchmarkInboxModes(b *testing.B) {
 			b.Logf("run mode=%s msgs=%d seconds=%.3f msgs_per_s=%.0f", r.mode, r.msgs, r.elapsed.Seconds(), r.rate())
 		}
 		for _, r := range []result{batched, perMessage, nodedup} {
-			fmt.Printf("BENCH mode=%s msgs=%d seconds=%.3f msgs_per_s=%.0f\n", r.mode, r.msgs, r.elapsed.Seconds(), r.rate())
+			fmt.Printf("BENCH mode=%s msgs=%d seconds=%.3f msgs_per_s=%.0f nats=%s\n", r.mode, r.msgs, r.elapsed.Seconds(), r.rate(), e.natsVersion)
 			b.ReportMetric(r.rate(), r.mode+"_msgs/s")
 		}
 		fmt.Printf("RATIO batched_vs_per_message=%.2f\n", batched.rate()/perMessage.rate())
@@ -111,8 +112,10 @@ type env struct {
 	js     jetstream.JetStream
 	stream string
 	total  int // messages on the stream
-	dsn    string
-	pool   *pgxpool.Pool
+	// natsVersion is the NATS server's (natsURL's).
+	natsVersion string
+	dsn         string
+	pool        *pgxpool.Pool
 }
 
 func setup(b *testing.B) *env {
@@ -158,6 +161,7 @@ func (e *env) publish(b *testing.B) {
 		b.Fatalf("NATS JetStream at %s is required for the benchmark: %v", natsURL, err)
 	}
 	b.Cleanup(nc.Close)
+	e.natsVersion = nc.ConnectedServerVersion()
 	if e.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4000)); err != nil {
 		b.Fatal(err)
 	}

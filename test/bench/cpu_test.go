@@ -17,10 +17,10 @@ import (
 // Linux/amd64).
 const clockTicks = 100
 
-// cpuSnapshot is the CPU time (user + system) spent so far by the machine's
-// NATS server, its PostgreSQL server (live processes plus the children the
-// postmaster reaped: backends of closed connections) and this benchmark
-// process.
+// cpuSnapshot is the CPU time (user + system) spent so far by the row's
+// NATS server, the machine's PostgreSQL server (live processes plus the
+// children the postmaster reaped: backends of closed connections) and this
+// benchmark process.
 type cpuSnapshot struct {
 	at                            time.Time
 	nats, postgres, runtime, self time.Duration
@@ -28,12 +28,16 @@ type cpuSnapshot struct {
 	rabbit, redis time.Duration
 	// mariadb is MariaDB's server (mariadbd, all its threads).
 	mariadb time.Duration
+	// natsPID is the NATS server counted as nats (0: every nats-server
+	// process).
+	natsPID int
 }
 
-// takeCPU reads the snapshot; replicas are the pids of idc-runtime
-// processes, counted as runtime.
-func takeCPU(replicas ...int) cpuSnapshot {
-	s := cpuSnapshot{at: time.Now(), self: selfCPU()}
+// takeCPU reads the snapshot; natsPID is the row's NATS server (0: every
+// nats-server process, as when the machine had only one), replicas are the
+// pids of idc-runtime processes, counted as runtime.
+func takeCPU(natsPID int, replicas ...int) cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), natsPID: natsPID, self: selfCPU()}
 	for _, pid := range replicas {
 		if _, fields, ok := readStat(fmt.Sprintf("/proc/%d/stat", pid)); ok {
 			s.runtime += ticks(fields, 11) + ticks(fields, 12)
@@ -47,6 +51,9 @@ func takeCPU(replicas ...int) cpuSnapshot {
 		}
 		switch comm {
 		case "nats-server":
+			if natsPID != 0 && p != fmt.Sprintf("/proc/%d/stat", natsPID) {
+				continue // the run's other server, or another suite's
+			}
 			s.nats += ticks(fields, 11) + ticks(fields, 12) + ticks(fields, 13) + ticks(fields, 14)
 		case "postgres":
 			s.postgres += ticks(fields, 11) + ticks(fields, 12) + ticks(fields, 13) + ticks(fields, 14)
@@ -110,7 +117,7 @@ type cpuUse struct {
 }
 
 func cpuSince(before cpuSnapshot, replicas ...int) *cpuUse {
-	after := takeCPU(replicas...)
+	after := takeCPU(before.natsPID, replicas...)
 	return &cpuUse{wall: after.at.Sub(before.at), nats: after.nats - before.nats, postgres: after.postgres - before.postgres,
 		runtime: after.runtime - before.runtime, self: after.self - before.self,
 		rabbit: after.rabbit - before.rabbit, redis: after.redis - before.redis, mariadb: after.mariadb - before.mariadb}

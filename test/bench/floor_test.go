@@ -69,12 +69,12 @@ var floorConsumer = latencyConsumer{
 		}
 		// Sized as the runtime sizes its own: every replica's batches in
 		// flight, twice.
-		if _, err := t.js.CreateOrUpdateConsumer(ctx, js.Stream, jetstream.ConsumerConfig{
+		if _, err := t.nats.js.CreateOrUpdateConsumer(ctx, js.Stream, jetstream.ConsumerConfig{
 			Durable: js.Consumer, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 4 * replicas * cfg.Delivery.BatchSize,
 		}); err != nil {
 			b.Fatalf("creating the floor's consumer: %v", err)
 		}
-		rs := &replicaSet{}
+		rs := &replicaSet{natsPID: t.nats.pid}
 		for i := range replicas {
 			addr, err := freeAddr()
 			if err != nil {
@@ -126,28 +126,74 @@ func (s spread) String() string {
 	return fmt.Sprintf("%.2f pairs=%d min=%.2f max=%.2f each=%s", s.median(), len(s), slices.Min(s), slices.Max(s), strings.Join(parts, ","))
 }
 
+// headlinePairs is what ceilingPairs measured.
+type headlinePairs struct {
+	// ceiling and headline are the faster run of each.
+	ceiling, headline row
+	// ratio is RATIO runtime_vs_db_ceiling: the median of the pairs'.
+	ratio float64
+	// across is the headline on each other NATS server of the run
+	// (PostgreSQL's headline only).
+	across []*headlineAcross
+}
+
+// rows are the headline rows: the rows' server's, then the others'.
+func (p headlinePairs) rows() []row {
+	out := []row{p.headline}
+	for _, a := range p.across {
+		out = append(out, a.best)
+	}
+	return out
+}
+
 // ceilingPairs runs the database ceiling and the headline row (2 x 500)
 // interleaved, IDC_BENCH_PAIRS times, on the current sink, and prints
 // RATIO runtime_vs_db_ceiling (mariadb_runtime_vs_db_ceiling on MariaDB)
-// as the median of the pairs' ratios. It returns
-// the faster run of each, for the lines that use one row, and the median.
-func (t *throughputEnv) ceilingPairs(b *testing.B) (ceiling, headline row, ratio float64) {
+// as the median of the pairs' ratios. On PostgreSQL each pair also runs
+// the headline on every other NATS server of the run (natsServers), in
+// the order rows' server, other in odd pairs and the reverse in even ones,
+// and it prints the RATIO nats_<a>_vs_<b>_… lines (printRatios). It
+// returns the faster run of each row, for the lines that use one row, and
+// the median.
+func (t *throughputEnv) ceilingPairs(b *testing.B) headlinePairs {
 	b.Helper()
+	p := headlinePairs{across: t.headlinesAcross(b)}
+	run := func() row { return t.runJetStream(b, 2, batchSize) }
 	var ratios spread
 	for i := range envInt(pairsEnv, 3) {
 		c := t.dbCeiling(b)
-		h := t.runJetStream(b, 2, batchSize)
+		others := make([]row, len(p.across))
+		runOthers := func() {
+			for j, a := range p.across {
+				t.onNATS(b, a.server, func() { others[j] = run() })
+			}
+		}
+		if i%2 == 1 {
+			runOthers()
+		}
+		h := run()
+		if i%2 == 0 {
+			runOthers()
+		}
 		fmt.Printf("PAIR %sruntime_vs_db_ceiling pair=%d db_ceiling_msgs_per_s=%.0f headline_msgs_per_s=%.0f ratio=%.2f\n", t.sink.prefix(), i+1, c.rate(), h.rate(), h.rate()/c.rate())
 		ratios = append(ratios, h.rate()/c.rate())
+		for j, a := range p.across {
+			t.record(a, i, h, others[j])
+		}
 		if i == 0 {
-			ceiling, headline = c, h
+			p.ceiling, p.headline = c, h
 		} else {
-			ceiling, headline = fasterRow(ceiling, c), fasterRow(headline, h)
+			p.ceiling, p.headline = fasterRow(p.ceiling, c), fasterRow(p.headline, h)
 		}
 	}
-	headline.name = t.rowName("jetstream_upsert_headline")
+	p.headline.name = t.rowName("jetstream_upsert_headline")
 	fmt.Printf("RATIO %sruntime_vs_db_ceiling=%s\n", t.sink.prefix(), ratios)
-	return ceiling, headline, ratios.median()
+	for _, a := range p.across {
+		a.best.name = p.headline.name
+		t.printRatios(a)
+	}
+	p.ratio = ratios.median()
+	return p
 }
 
 // floorPairs runs the runtime's latency row and the floor consumer's

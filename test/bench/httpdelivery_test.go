@@ -109,21 +109,27 @@ func (t *throughputEnv) publishStreamTo(b *testing.B, prefix string, bodies [][]
 	name := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := t.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
+	if _, err := t.nats.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
 		b.Fatalf("creating stream: %v", err)
 	}
-	b.Cleanup(func() { _ = t.js.DeleteStream(context.Background(), name) })
+	deleteStreamLater(b, t.nats.js, name)
 	for _, body := range bodies {
-		if _, err := t.js.PublishAsync(subject(name, body), body); err != nil {
+		if _, err := t.nats.js.PublishAsync(subject(name, body), body); err != nil {
 			b.Fatalf("publishing: %v", err)
 		}
 	}
 	select {
-	case <-t.js.PublishAsyncComplete():
+	case <-t.nats.js.PublishAsyncComplete():
 	case <-ctx.Done():
 		b.Fatal("publishing did not complete")
 	}
 	return name
+}
+
+// deleteStreamLater deletes stream from js at the benchmark's end (js
+// captured: the environment's server may be another by then).
+func deleteStreamLater(b *testing.B, js jetstream.JetStream, stream string) {
+	b.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
 }
 
 type httpRun struct{ consumer, dispatch row }
@@ -136,7 +142,7 @@ func (t *throughputEnv) runHTTP(b *testing.B, stream string, total int, delivery
 	b.Helper()
 	ep := newDedupEndpoint(b)
 	schema := t.schema(b)
-	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batchSize)
+	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: t.nats.url(), Stream: stream, Consumer: "c_" + schema}}, batchSize)
 	cfg.Sink.Effect = config.Effect{HTTP: &config.HTTP{URL: ep.srv.URL + "/orders", Method: http.MethodPost,
 		Timeout: config.Duration{Duration: 10 * time.Second}, Delivery: delivery}}
 	rs := t.startReplicas(b, cfg, httpReplicas)
@@ -177,13 +183,13 @@ func (t *throughputEnv) runHTTP(b *testing.B, stream string, total int, delivery
 	note := fmt.Sprintf("endpoint 50 ms per call, dedupes on Idempotency-Key: %d calls for %d ids", calls, unique)
 	name := map[string]string{config.HTTPInline: "http_inline", config.HTTPOutbox: "http_outbox"}[delivery]
 	out := httpRun{consumer: row{name: name + "_consumer", replicas: httpReplicas, batch: batchSize, msgs: total - firstN,
-		elapsed: settled.Sub(first), rssMiB: rss, note: note}}
+		elapsed: settled.Sub(first), rssMiB: rss, note: note, nats: t.nats.version()}}
 	if out.consumer.msgs == 0 {
 		b.Fatalf("http %s: the whole stream settled in the first poll; make the workload larger", delivery)
 	}
 	if delivery == config.HTTPOutbox {
 		out.dispatch = row{name: "http_outbox_dispatch", replicas: httpReplicas, batch: batchSize, msgs: unique,
-			elapsed: done.Sub(first), note: "until the endpoint applied the last id (from the first settled batch)"}
+			elapsed: done.Sub(first), nats: t.nats.version(), note: "until the endpoint applied the last id (from the first settled batch)"}
 	}
 	return out
 }

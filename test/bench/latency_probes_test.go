@@ -53,7 +53,7 @@ func (rs *replicaSet) slowCommits() int {
 // whole machine) shows in their maxima, beside the rows' latency.
 func (t *throughputEnv) startProbes(b *testing.B) func() string {
 	b.Helper()
-	nc, err := nats.Connect(natsURL)
+	nc, err := nats.Connect(t.nats.url())
 	if err != nil {
 		b.Fatal(err)
 	}

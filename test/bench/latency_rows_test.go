@@ -38,14 +38,14 @@ func (t *throughputEnv) latencyJetStreamBy(b *testing.B, name string, replicas, 
 	ctx := context.Background()
 	t.runs++
 	stream := fmt.Sprintf("IDC_LAT_%d_%d", time.Now().UnixNano(), t.runs)
-	if _, err := t.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}}); err != nil {
+	if _, err := t.nats.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}}); err != nil {
 		b.Fatalf("creating stream: %v", err)
 	}
-	defer func() { _ = t.js.DeleteStream(context.Background(), stream) }()
+	defer func() { _ = t.nats.js.DeleteStream(context.Background(), stream) }()
 	schema := t.schema(b)
-	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batch)
+	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: t.nats.url(), Stream: stream, Consumer: "c_" + schema}}, batch)
 	cfg.Delivery.Batching = batching
-	nc, err := nats.Connect(natsURL)
+	nc, err := nats.Connect(t.nats.url())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -57,6 +57,7 @@ func (t *throughputEnv) latencyJetStreamBy(b *testing.B, name string, replicas, 
 		send:  func(_ int, body []byte) error { return nc.Publish(subject, body) },
 		flush: func() error { return nil }, // nats.go's flusher writes as soon as it can
 	}, cons)
+	r.nats = t.nats.version()
 	return r
 }
 
@@ -171,29 +172,60 @@ func (t *throughputEnv) latencyKafka(b *testing.B, rate, load float64) latencyRo
 	return r
 }
 
+// latencyPoint is one of the JetStream latency rows: a share of the
+// measured maximum and the batching.
+type latencyPoint struct {
+	load     float64
+	batching config.Batching
+}
+
+// latencyPoints are latencyRows' JetStream rows, in order: 10%, 50% and
+// 90% of the measured maximum, and 10% and 90% again with batching Fixed.
+var latencyPoints = []latencyPoint{
+	{0.1, config.BatchingAdaptive}, {0.1, config.BatchingFixed},
+	{0.5, config.BatchingAdaptive},
+	{0.9, config.BatchingAdaptive}, {0.9, config.BatchingFixed},
+}
+
 // latencyRows prints the LATENCY lines: JetStream -> upsert at 2 x 500 at
-// 10%, 50% and 90% of jetStreamMax (the headline row of this run), the
-// 10% and 90% points again with batching Fixed (side by side), and
-// RabbitMQ, Redis Streams and Kafka (kfake) at 50% of their own rows (a
-// zero rate skips the row).
+// latencyPoints of jetStreamMax (the headline row of this run) and at 50%
+// of what the machine sustains (jetStreamLatencyRows), and RabbitMQ,
+// Redis Streams and Kafka (kfake) at 50% of their own rows (a zero rate
+// skips the row).
 //
 // It returns what the machine sustains end to end: the most a 90% row
 // committed when one fell behind, else jetStreamMax.
 func (t *throughputEnv) latencyRows(b *testing.B, jetStreamMax, rabbitMax, redisMax, kafkaMax float64) float64 {
 	b.Helper()
+	sustained := t.jetStreamLatencyRows(b, jetStreamMax, latencyPoints)
+	t.brokerLatencyRows(b, rabbitMax, redisMax, kafkaMax)
+	return sustained
+}
+
+// jetStreamLatencyRows prints the LATENCY lines of JetStream -> upsert at
+// 2 x 500 at points (shares of jetStreamMax), then at 50% of what the
+// machine sustains (row jetstream_upsert_sustained). The 10% Adaptive row
+// and the sustained row run again on every other NATS server of the run,
+// at the same offered rate, each right after the rows' server's
+// (latencyAcross: RATIO nats_<a>_vs_<b>_latency_p99_10pct and
+// _50pct_of_sustained).
+//
+// It returns what the machine sustains end to end: the most a 90% row
+// committed when one fell behind, else jetStreamMax.
+func (t *throughputEnv) jetStreamLatencyRows(b *testing.B, jetStreamMax float64, points []latencyPoint) float64 {
+	b.Helper()
 	// sustained is the most a 90% row committed; it is what the machine
 	// sustains once one of them fell behind.
 	sustained, behind := 0.0, false
-	for _, p := range []struct {
-		load     float64
-		batching config.Batching
-	}{
-		{0.1, config.BatchingAdaptive}, {0.1, config.BatchingFixed},
-		{0.5, config.BatchingAdaptive},
-		{0.9, config.BatchingAdaptive}, {0.9, config.BatchingFixed},
-	} {
-		r := t.latencyJetStream(b, 2, batchSize, p.batching, p.load*jetStreamMax, p.load)
+	for _, p := range points {
+		run := func() latencyRow {
+			return t.latencyJetStream(b, 2, batchSize, p.batching, p.load*jetStreamMax, p.load)
+		}
+		r := run()
 		printLatency(r)
+		if p.load == 0.1 && p.batching == config.BatchingAdaptive {
+			t.latencyAcross(b, "10pct", r, run)
+		}
 		if p.load == 0.9 {
 			behind = behind || r.achieved < 0.95*r.offered
 			sustained = max(sustained, r.achieved)
@@ -204,15 +236,21 @@ func (t *throughputEnv) latencyRows(b *testing.B, jetStreamMax, rabbitMax, redis
 		// else running. Here the producer and the broker's ingest share
 		// the two cores with the runtime and PostgreSQL: a 90% row that
 		// fell behind committed what the machine sustains end to end.
-		// Half of that is the load a user can size for on this machine.
 		fmt.Printf("RATIO latency_sustained_vs_backlog_max=%.2f\n", sustained/jetStreamMax)
-		r := t.latencyJetStreamNamed(b, "jetstream_upsert_sustained", 2, batchSize, config.BatchingAdaptive, 0.5*sustained, 0.5)
-		r.loadOf = "sustained_max"
-		printLatency(r)
 	} else {
 		sustained = jetStreamMax
 	}
-	t.brokerLatencyRows(b, rabbitMax, redisMax, kafkaMax)
+	// Half of what the machine sustains is the load a user can size for
+	// on this machine (when no 90% row fell behind, the 50% row's load
+	// again).
+	run := func() latencyRow {
+		r := t.latencyJetStreamNamed(b, "jetstream_upsert_sustained", 2, batchSize, config.BatchingAdaptive, 0.5*sustained, 0.5)
+		r.loadOf = "sustained_max"
+		return r
+	}
+	r := run()
+	printLatency(r)
+	t.latencyAcross(b, "50pct_of_sustained", r, run)
 	return sustained
 }
 

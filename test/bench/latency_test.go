@@ -80,13 +80,18 @@ type latencyRow struct {
 	note           string
 	// floor: the floor consumer's row, not the runtime's.
 	floor bool
+	// nats is the version of the NATS server of a JetStream row.
+	nats string
 }
 
 func printLatency(r latencyRow) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 	note := ""
+	if r.nats != "" {
+		note = " nats=" + r.nats
+	}
 	if r.loadOf != "" {
-		note = " load_of=" + r.loadOf
+		note += " load_of=" + r.loadOf
 	}
 	if r.note != "" {
 		note += " note=" + strconv.Quote(r.note)
@@ -197,7 +202,7 @@ func (t *throughputEnv) latencyRunWith(b *testing.B, name string, cfg config.Con
 		}
 		if windowStart.IsZero() && time.Since(start) >= latencyWarmup {
 			windowStart = time.Now()
-			cpuStart = takeCPU(rs.pids()...)
+			cpuStart = takeCPU(rs.natsPID, rs.pids()...)
 			txStart, _ = rs.commits()
 			slowStart = rs.slowCommits()
 			ckptStart = t.checkpoints(b)

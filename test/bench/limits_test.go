@@ -41,12 +41,12 @@ func (t *throughputEnv) runJetStreamSizedFor(b *testing.B, replicas, batch, size
 	stream := t.jetStreamStream(b)
 	schema := t.schema(b)
 	durable := "c_" + schema
-	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: durable}}, batch)
+	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: t.nats.url(), Stream: stream, Consumer: durable}}, batch)
 	d := cfg.Delivery
 	d.InFlight = max(d.InFlight, 2) // the runtime's default
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := t.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+	if _, err := t.nats.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxAckPending: d.SizedUnacked(sizedFor),
 	}); err != nil {
@@ -56,8 +56,8 @@ func (t *throughputEnv) runJetStreamSizedFor(b *testing.B, replicas, batch, size
 	rs.acked = t.jetStreamAcked(stream, durable, len(t.w.bodies))
 	timed, elapsed, rss := rs.measure(b, "jetstream", len(t.w.bodies))
 	t.checkResult(b, schema)
-	if err := t.js.DeleteConsumer(context.Background(), stream, durable); err != nil {
+	if err := t.nats.js.DeleteConsumer(context.Background(), stream, durable); err != nil {
 		b.Fatalf("deleting the row's durable consumer: %v", err)
 	}
-	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu}
+	return row{name: "jetstream_upsert", replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu, nats: t.nats.version()}
 }

@@ -86,7 +86,7 @@ func (t *throughputEnv) rabbitAlone(b *testing.B, n int) row {
 			b.Fatal(err)
 		}
 		return s
-	}, n)
+	}, n, t.nats.pid)
 }
 
 // --- Redis Streams ---
@@ -138,7 +138,7 @@ func (t *throughputEnv) redisAlone(b *testing.B, n int) row {
 			b.Fatal(err)
 		}
 		return s
-	}, n)
+	}, n, t.nats.pid)
 }
 
 // --- Kafka (kfake) ---

@@ -56,7 +56,7 @@ func (t *throughputEnv) dbCeiling(b *testing.B) row {
 	// between concurrent claims and upserts of the same ids and keys:
 	// 1213, sink.ClassUnavailable).
 	var retries atomic.Int64
-	cpuStart := takeCPU()
+	cpuStart := takeCPU(t.nats.pid)
 	start := time.Now()
 	for range ceilingConns {
 		wg.Go(func() {

@@ -6,9 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/internal/testbin"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
@@ -31,12 +30,14 @@ type throughputEnv struct {
 	bin  string
 	dsn  string
 	pool *pgxpool.Pool
-	nc   *nats.Conn
-	js   jetstream.JetStream
 	dir  string
 	runs int
-	// stream is the published workload's stream (jetStreamStream).
-	stream string
+	// nats is the NATS server the JetStream rows run on: the run's first
+	// (natsURL) but inside onNATS.
+	nats *natsConn
+	// natsConns are the connections to the run's servers, opened on
+	// first use.
+	natsConns map[*natstest.Server]*natsConn
 	// floorBin is the floor consumer, built on first use.
 	floorBin string
 	// slice, when set, is the measured window of a latency row (the
@@ -51,20 +52,18 @@ type throughputEnv struct {
 
 func newThroughputEnv(b *testing.B, w *workload) *throughputEnv {
 	b.Helper()
-	t := &throughputEnv{w: w, bin: testbin.Build(b, testbin.RuntimePackage, "idc-runtime"), dsn: newDatabase(b), dir: b.TempDir()}
+	if len(natsServers) == 0 {
+		b.Fatal("no NATS server: TestMain opens them when a benchmark runs")
+	}
+	t := &throughputEnv{w: w, bin: testbin.Build(b, testbin.RuntimePackage, "idc-runtime"), dsn: newDatabase(b), dir: b.TempDir(),
+		natsConns: map[*natstest.Server]*natsConn{}}
 	t.sink = pgSink{t}
 	var err error
 	if t.pool, err = pgxpool.New(context.Background(), t.dsn); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(t.pool.Close)
-	if t.nc, err = nats.Connect(natsURL); err != nil {
-		b.Fatalf("NATS JetStream at %s is required for the benchmark: %v", natsURL, err)
-	}
-	b.Cleanup(t.nc.Close)
-	if t.js, err = jetstream.New(t.nc, jetstream.WithPublishAsyncMaxPending(4000)); err != nil {
-		b.Fatal(err)
-	}
+	t.nats = t.natsConnTo(b, natsServers[0])
 	return t
 }
 

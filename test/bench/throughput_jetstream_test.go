@@ -64,7 +64,7 @@ func (t *throughputEnv) jetStreamRow(b *testing.B, replicas, batch int, batching
 	}
 	stream := t.jetStreamStream(b)
 	schema := t.schema(b)
-	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream, Consumer: "c_" + schema}}, batch)
+	cfg := runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: t.nats.url(), Stream: stream, Consumer: "c_" + schema}}, batch)
 	cfg.Delivery.Batching = batching
 	if dir := os.Getenv("IDC_BENCH_CPU_PROFILES"); dir != "" {
 		// A diagnostic: every JetStream replica writes a CPU profile.
@@ -80,12 +80,12 @@ func (t *throughputEnv) jetStreamRow(b *testing.B, replicas, batch int, batching
 	} else {
 		t.checkResult(b, schema)
 	}
-	if err := t.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
+	if err := t.nats.js.DeleteConsumer(context.Background(), stream, "c_"+schema); err != nil {
 		b.Fatalf("deleting the row's durable consumer: %v", err)
 	}
 	rs.cpu.sink = t.sink.kind()
 	return row{name: t.rowName("jetstream_upsert"), replicas: replicas, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss, cpu: rs.cpu,
-		locks: lockStats}
+		locks: lockStats, nats: t.nats.version()}
 }
 
 // runJetStreamPartitioned is the key-partitioned design for scaling out on
@@ -103,7 +103,7 @@ func (t *throughputEnv) runJetStreamPartitioned(b *testing.B, parts, batch int) 
 	cfgs := make([]config.Config, parts)
 	for i := range parts {
 		durable := fmt.Sprintf("c_%s_p%d", schema, i)
-		cfgs[i] = runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: stream,
+		cfgs[i] = runtimeConfig(schema, config.Source{NATSJetStream: &config.JetStream{URL: t.nats.url(), Stream: stream,
 			Consumer: durable, FilterSubject: fmt.Sprintf("%s.p%d.>", stream, i)}}, batch)
 		cfgs[i].Delivery.Replicas = 1
 	}
@@ -119,12 +119,12 @@ func (t *throughputEnv) runJetStreamPartitioned(b *testing.B, parts, batch int) 
 	lockStats := locks()
 	t.checkResult(b, schema)
 	for i := range parts {
-		if err := t.js.DeleteConsumer(context.Background(), stream, fmt.Sprintf("c_%s_p%d", schema, i)); err != nil {
+		if err := t.nats.js.DeleteConsumer(context.Background(), stream, fmt.Sprintf("c_%s_p%d", schema, i)); err != nil {
 			b.Fatalf("deleting partition %d's durable consumer: %v", i, err)
 		}
 	}
 	return row{name: "jetstream_upsert_partitioned", replicas: parts, batch: batch, msgs: timed, elapsed: elapsed, rssMiB: rss,
-		cpu: rs.cpu, locks: lockStats, note: fmt.Sprintf("%d subject partitions by key, one consumer each", parts)}
+		cpu: rs.cpu, locks: lockStats, nats: t.nats.version(), note: fmt.Sprintf("%d subject partitions by key, one consumer each", parts)}
 }
 
 // partitionedStream publishes the workload on a stream of its own, each
@@ -148,10 +148,11 @@ func (t *throughputEnv) partitionedStream(b *testing.B, parts int) string {
 // /metrics every 25 ms instead cost the replicas CPU in proportion to their
 // number (measured: see README), which the scale-out rows then paid for.
 func (t *throughputEnv) jetStreamAcked(stream, durable string, total int) func() int {
+	js := t.nats.js
 	return func() int {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		c, err := t.js.Consumer(ctx, stream, durable)
+		c, err := js.Consumer(ctx, stream, durable)
 		if err != nil {
 			return 0 // not created yet by the replicas
 		}
@@ -171,15 +172,17 @@ func (t *throughputEnv) jetStreamAcked(stream, durable string, total int) func()
 // BenchmarkDeclaredLimits had deleted.
 func (t *throughputEnv) jetStreamStream(b *testing.B) string {
 	b.Helper()
-	if t.stream == "" {
-		t.stream = t.publishStream(b, "IDC_TPUT", t.w.bodies)
+	if t.nats.stream == "" {
+		t.nats.stream = t.publishStream(b, "IDC_TPUT", t.w.bodies)
 	}
-	return t.stream
+	return t.nats.stream
 }
 
 // consumeAlone runs n in-process adapters, each fetching batches of 500 and
 // acknowledging them at once: the broker's own consume + ack rate.
-func consumeAlone(b *testing.B, name string, total int, open func(i int) source.Source, n int) row {
+// natsPID is the NATS server whose CPU the row's nats= counts (0: every
+// nats-server).
+func consumeAlone(b *testing.B, name string, total int, open func(i int) source.Source, n, natsPID int) row {
 	b.Helper()
 	srcs := make([]source.Source, n)
 	for i := range srcs {
@@ -190,7 +193,7 @@ func consumeAlone(b *testing.B, name string, total int, open func(i int) source.
 	ctx, cancel := context.WithTimeout(context.Background(), rowTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
-	cpuStart := takeCPU()
+	cpuStart := takeCPU(natsPID)
 	start := time.Now()
 	for _, s := range srcs {
 		wg.Go(func() {
@@ -230,13 +233,15 @@ func consumeAlone(b *testing.B, name string, total int, open func(i int) source.
 func (t *throughputEnv) jetStreamAlone(b *testing.B, n int) row {
 	b.Helper()
 	stream := t.jetStreamStream(b)
-	cfg := &config.JetStream{URL: natsURL, Stream: stream, Consumer: fmt.Sprintf("alone_%d", time.Now().UnixNano())}
+	cfg := &config.JetStream{URL: t.nats.url(), Stream: stream, Consumer: fmt.Sprintf("alone_%d", time.Now().UnixNano())}
 	d := config.Delivery{BatchSize: batchSize, InFlight: 2, Replicas: n}
-	return consumeAlone(b, "jetstream_alone", len(t.w.bodies), func(int) source.Source {
+	r := consumeAlone(b, "jetstream_alone", len(t.w.bodies), func(int) source.Source {
 		s, err := jsadapter.New(context.Background(), cfg, logr.Discard(), jsadapter.WithDelivery(d))
 		if err != nil {
 			b.Fatal(err)
 		}
 		return s
-	}, n)
+	}, n, t.nats.pid)
+	r.nats = t.nats.version()
+	return r
 }

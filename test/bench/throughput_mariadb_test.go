@@ -26,8 +26,9 @@ func (t *throughputEnv) mariaDBRows(b *testing.B) float64 {
 	}
 	var ratio float64
 	t.onSink(t.mariadb, func() {
-		ceiling, headline, r := t.ceilingPairs(b)
-		ratio = r
+		p := t.ceilingPairs(b)
+		ceiling, headline := p.ceiling, p.headline
+		ratio = p.ratio
 		perMessage := t.runJetStreamUpTo(b, 2, 1, perMessageRowLimit)
 		perMessage = fasterRow(perMessage, t.runJetStreamUpTo(b, 2, 1, perMessageRowLimit))
 		perMessage.name = t.rowName("jetstream_upsert_per_message")

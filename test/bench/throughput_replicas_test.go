@@ -28,6 +28,8 @@ type replicaSet struct {
 	// acked, when set, counts the messages the broker has seen
 	// acknowledged; measure polls it instead of scraping every replica.
 	acked func() int
+	// natsPID is the NATS server of the row, whose CPU its lines count.
+	natsPID int
 }
 
 func (t *throughputEnv) startReplicas(b *testing.B, cfg config.Config, n int, env ...string) *replicaSet {
@@ -44,7 +46,7 @@ func (t *throughputEnv) startReplicas(b *testing.B, cfg config.Config, n int, en
 // runs cfgs[i]).
 func (t *throughputEnv) startReplicasEach(b *testing.B, cfgs []config.Config, env ...string) *replicaSet {
 	b.Helper()
-	rs := &replicaSet{}
+	rs := &replicaSet{natsPID: t.nats.pid}
 	for i, cfg := range cfgs {
 		addr, err := freeAddr()
 		if err != nil {
@@ -158,7 +160,7 @@ func (rs *replicaSet) measure(b *testing.B, name string, total int) (int, time.D
 		now := time.Now()
 		if n > 0 && first.IsZero() {
 			first, before = now, n
-			cpuStart = takeCPU(rs.pids()...)
+			cpuStart = takeCPU(rs.natsPID, rs.pids()...)
 		}
 		if n >= total {
 			rs.cpu = cpuSince(cpuStart, rs.pids()...)

@@ -107,11 +107,17 @@ func BenchmarkThroughput(b *testing.B) {
 		// The headline also runs with batching Fixed (an idle fetch waits
 		// for a whole batch: the loop before adaptive batching), the
 		// better of two, for the side-by-side row.
-		ceiling, headline, ceilingRatio := t.ceilingPairs(b)
+		// The headline also runs on every other NATS server of the run
+		// (the machine's 2.9.10 beside the current release), in the same
+		// pairs: RATIO nats_<a>_vs_<b>_headline and _cpu_per_msg.
+		hp := t.ceilingPairs(b)
+		ceiling, headline, ceilingRatio := hp.ceiling, hp.headline, hp.ratio
 		fixed := t.runJetStreamWith(b, 2, 500, config.BatchingFixed)
 		fixed = fasterRow(fixed, t.runJetStreamWith(b, 2, 500, config.BatchingFixed))
 		printRow(ceiling)
-		printRow(headline)
+		for _, r := range hp.rows() {
+			printRow(r)
+		}
 		fixed.name = "jetstream_upsert_headline_fixed"
 		printRow(fixed)
 		// The scale-out and matrix lines use the matrix rows only: every
@@ -119,7 +125,9 @@ func BenchmarkThroughput(b *testing.B) {
 		// extra runs into the 2-replica cell biased it upwards).
 		printCPU(jsAlone)
 		printCPU(ceiling)
-		printCPU(headline)
+		for _, r := range hp.rows() {
+			printCPU(r)
+		}
 		printCPU(fixed)
 
 		rabbitAlone := t.rabbitAlone(b, 2)
@@ -160,7 +168,9 @@ func BenchmarkThroughput(b *testing.B) {
 // order, as replicasxbatch items (IDC_BENCH_ROWS=2x500,8x500,8x100): a quick
 // way to reproduce one row or compare two side by side. Named items run a
 // group: latency, latency-rabbitmq, latency-redis, latency-kafka,
-// rabbitmq, fixed; ceiling (the DB ceiling and the headline interleaved),
+// rabbitmq, fixed; ceiling (the DB ceiling and the headline interleaved,
+// the headline on every NATS server of the run), nats (ceiling, then the
+// latency rows run on every NATS server: 10% and 50% of sustained),
 // mariadb (the MariaDB rows: mariaDBRows),
 // floor (the floor consumer's latency rows alone) and latency-floor (the
 // runtime's latency rows and the floor consumer's, interleaved).
@@ -175,11 +185,8 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 		case "ceiling":
 			// The database ceiling and the headline, interleaved, with
 			// RATIO runtime_vs_db_ceiling (the median of the pairs).
-			ceiling, headline, _ := t.ceilingPairs(b)
-			printRow(ceiling)
-			printRow(headline)
-			printCPU(ceiling)
-			printCPU(headline)
+			hp := t.ceilingPairs(b)
+			printHeadlinePairs(hp)
 			continue
 		case "mariadb":
 			// The MariaDB rows: ceiling and headline interleaved, per
@@ -211,6 +218,16 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			}
 			fmt.Printf("RATIO latency_sustained_vs_backlog_max=%.2f\n", sustained/r.rate())
 			t.floorPairs(b, r.rate(), sustained)
+			continue
+		}
+		if strings.TrimSpace(item) == "nats" {
+			// The rows run on every NATS server of the run: the ceiling
+			// and headline pairs, then the latency rows at 10% of the
+			// headline and at 50% of what a 90% row sustains, with the
+			// RATIO nats_<a>_vs_<b>_… lines.
+			hp := t.ceilingPairs(b)
+			printHeadlinePairs(hp)
+			t.jetStreamLatencyRows(b, hp.headline.rate(), []latencyPoint{{0.1, config.BatchingAdaptive}, {0.9, config.BatchingAdaptive}})
 			continue
 		}
 		if strings.TrimSpace(item) == "latency" {
@@ -308,6 +325,18 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 	}
 }
 
+// printHeadlinePairs prints ceilingPairs' rows and their CPU lines.
+func printHeadlinePairs(hp headlinePairs) {
+	printRow(hp.ceiling)
+	for _, r := range hp.rows() {
+		printRow(r)
+	}
+	printCPU(hp.ceiling)
+	for _, r := range hp.rows() {
+		printCPU(r)
+	}
+}
+
 func fasterRow(a, b row) row {
 	if b.rate() > a.rate() {
 		return b
@@ -328,6 +357,9 @@ type row struct {
 	cpu *cpuUse
 	// locks is what sampleLockWaits saw during the row (JetStream rows).
 	locks lockStats
+	// nats is the version of the NATS server a JetStream row ran on ("":
+	// another broker, or none).
+	nats string
 }
 
 func (r row) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -338,8 +370,11 @@ func printRow(r row) {
 		rss = fmt.Sprintf("%.1f", r.rssMiB)
 	}
 	note := ""
+	if r.nats != "" {
+		note = " nats=" + r.nats
+	}
 	if r.note != "" {
-		note = " note=" + strconv.Quote(r.note)
+		note += " note=" + strconv.Quote(r.note)
 	}
 	fmt.Printf("BENCH row=%s replicas=%d batch=%d msgs=%d seconds=%.3f msgs_per_s=%.0f peak_rss_mib_per_replica=%s%s\n",
 		r.name, r.replicas, r.batch, r.msgs, r.elapsed.Seconds(), r.rate(), rss, note)
@@ -351,7 +386,12 @@ func printCPU(r row) {
 		if r.msgs > 0 {
 			per = " " + r.cpu.perMessage(r.msgs)
 		}
-		fmt.Printf("CPU row=%s %s%s\n", r.name, r.cpu, per)
+		version := ""
+		if r.nats != "" {
+			// nats_version: the line's nats= is the server's CPU.
+			version = " nats_version=" + r.nats
+		}
+		fmt.Printf("CPU row=%s%s %s%s\n", r.name, version, r.cpu, per)
 	}
 	printLocks(r)
 }
