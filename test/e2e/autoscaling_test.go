@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,46 +22,13 @@ import (
 	"github.com/idempotency-dev/idc-operator/test/localcluster"
 )
 
-// Autoscaling on lag needs a NATS monitoring endpoint for KEDA's
-// nats-jetstream scaler; the machine's NATS (127.0.0.1:4222) has none, so
-// these steps run their own nats-server with JetStream and monitoring on
-// the bridge address, where both the pods (the runtime, KEDA) and this test
-// reach it.
-const (
-	scaleNATSPort    = 4322
-	scaleMonitorPort = 8322
-)
-
-// scaleNATS starts a nats-server (-js, -m) on the bridge IP for the rest of
-// the suite and returns a JetStream client to it.
+// scaleNATS is a JetStream client to the suite's nats-server (suiteNATS),
+// whose monitoring endpoint KEDA's nats-jetstream scaler reads.
 func (s *suite) scaleNATS(ctx context.Context, t *testing.T) jetstream.JetStream {
 	t.Helper()
-	url := fmt.Sprintf("nats://%s:%d", localcluster.BridgeIP, scaleNATSPort)
-	if nc, err := nats.Connect(url, nats.Timeout(time.Second)); err == nil {
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.parent.Cleanup(nc.Close)
-		return js
-	}
-	bin, err := exec.LookPath("nats-server")
+	nc, err := nats.Connect(localcluster.NATSURL, nats.Timeout(5*time.Second))
 	if err != nil {
-		bin = "/usr/sbin/nats-server"
-	}
-	dir := t.TempDir()
-	cmd := exec.Command(bin, "-a", localcluster.BridgeIP, "-p", fmt.Sprint(scaleNATSPort), "-m", fmt.Sprint(scaleMonitorPort),
-		"-js", "-sd", dir, "-l", filepath.Join(dir, "nats.log"))
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting nats-server for the autoscaling steps: %v", err)
-	}
-	s.parent.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait(); _ = os.RemoveAll(dir) })
-	var nc *nats.Conn
-	if err := localcluster.Eventually(ctx, 20*time.Second, func() error {
-		nc, err = nats.Connect(url, nats.Timeout(time.Second))
-		return err
-	}); err != nil {
-		t.Fatalf("the autoscaling nats-server on %s: %v", url, err)
+		t.Fatalf("the suite's nats-server at %s: %v", localcluster.NATSURL, err)
 	}
 	s.parent.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

@@ -47,6 +47,7 @@ func TestRealNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	startSuiteNATS(ctx, t)
 	if err := localcluster.CheckServices(ctx); err != nil {
 		t.Fatalf("the e2e suite needs the local services: %v", err)
 	}

@@ -13,12 +13,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// NATSURL is the local NATS JetStream server, as the host sees it.
-const NATSURL = "nats://127.0.0.1:4222"
+// NATSURL is the NATS JetStream server the host side talks to: the
+// machine's (127.0.0.1:4222) unless UseNATS named another.
+var NATSURL = "nats://127.0.0.1:4222"
 
-// PodNATSURL is the same server as pods see it (the node's socat forward on
-// the bridge gateway).
-const PodNATSURL = "nats://" + BridgeIP + ":4222"
+// PodNATSURL is the same server as pods see it: for the machine's, the
+// node's socat forward on the bridge gateway.
+var PodNATSURL = "nats://" + BridgeIP + ":4222"
+
+// UseNATS points NATSURL and PodNATSURL at a server that listens on the
+// bridge gateway, where the host and the pods both reach it (the e2e
+// suite's nats-server 2.15.3). Call it before any step runs.
+func UseNATS(url string) {
+	NATSURL, PodNATSURL = url, url
+}
 
 // PodDSN rewrites a host DSN on 127.0.0.1 to the bridge gateway, where the
 // node forwards PostgreSQL to pods.
@@ -60,7 +68,7 @@ func CheckServices(ctx context.Context) error {
 	_ = conn.Close(ctx)
 	nc, err := nats.Connect(NATSURL, nats.Timeout(5*time.Second))
 	if err != nil {
-		return fmt.Errorf("NATS is not reachable on 127.0.0.1:4222 (start it with: make services): %w", err)
+		return fmt.Errorf("NATS is not reachable on %s (the machine's 127.0.0.1:4222 starts with: make services): %w", NATSURL, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -68,7 +76,7 @@ func CheckServices(ctx context.Context) error {
 		return fmt.Errorf("opening JetStream: %w", err)
 	}
 	if _, err := js.AccountInfo(ctx); err != nil {
-		return fmt.Errorf("NATS on 127.0.0.1:4222 has no JetStream (run nats-server with -js; make services does): %w", err)
+		return fmt.Errorf("NATS on %s has no JetStream (run nats-server with -js; make services does): %w", NATSURL, err)
 	}
 	return nil
 }
@@ -108,7 +116,7 @@ func DropDatabase(ctx context.Context, name string) error {
 func ConnectJetStream() (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(NATSURL, nats.Timeout(5*time.Second))
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to NATS on 127.0.0.1:4222 (start it with: make services): %w", err)
+		return nil, nil, fmt.Errorf("connecting to NATS on %s (the machine's 127.0.0.1:4222 starts with: make services): %w", NATSURL, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
