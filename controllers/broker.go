@@ -24,6 +24,9 @@ type BrokerReading struct {
 	// durable, Redis group, RabbitMQ queue, Kafka topic) the lag is read
 	// from does not exist yet. The runtime creates it on its first start.
 	ConsumerMissing bool
+	// PartitionLags is each partition's backlog, indexed by partition
+	// (natsJetStream.partitions; nil entries were not read).
+	PartitionLags []*int64
 }
 
 // BrokerObserver reads the broker of one resource: the window's inputs, the

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"k8s.io/utils/ptr"
+
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/internal/specs"
 	"github.com/idempotency-dev/idc-operator/runtime/config"
@@ -272,7 +274,7 @@ func renderSource(src messagingv1alpha1.SourceSpec, addSecret func(string, *mess
 	var out config.Source
 	if j := src.NATSJetStream; j != nil {
 		out.NATSJetStream = &config.JetStream{
-			URL: j.URL, Stream: j.Stream, Consumer: j.Consumer, FilterSubject: j.FilterSubject,
+			URL: j.URL, Stream: j.Stream, Consumer: j.Consumer, FilterSubject: j.FilterSubject, Partitions: int(ptr.Deref(j.Partitions, 0)),
 			CredentialsEnv: addSecret(envNATSCreds, j.CredentialsSecretRef),
 			TLS:            renderTLS(j.TLS, addSecret),
 		}

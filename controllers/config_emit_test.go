@@ -33,7 +33,7 @@ func TestRenderEmitPassesCredentialsAsSecretEnv(t *testing.T) {
 		t.Errorf("emit env names %q / %q, want %q / %q", e.NATSJetStream.CredentialsEnv, e.NATSJetStream.TLS.CAEnv, envEmitNATSCreds, envEmitTLSCA)
 	}
 	env := map[string]string{}
-	for _, v := range specs.Deployment(idc, &rc.RuntimeConfig, "idc-runtime", "").Spec.Template.Spec.Containers[0].Env {
+	for _, v := range specs.Deployment(idc, &rc.RuntimeConfig, "idc-runtime", "", specs.Workloads(idc)[0]).Spec.Template.Spec.Containers[0].Env {
 		if v.Name == "POD_NAME" {
 			continue
 		}

@@ -90,7 +90,7 @@ func TestRenderConfigOfAMySQLSink(t *testing.T) {
 	// The Secret reaches every pod the runtime runs in under that name:
 	// the consumers, the prune CronJob's and the redrive Job's.
 	for what, pod := range map[string]corev1.PodSpec{
-		"Deployment": specs.Deployment(idc, &rc.RuntimeConfig, "img", "h").Spec.Template.Spec,
+		"Deployment": specs.Deployment(idc, &rc.RuntimeConfig, "img", "h", specs.Workloads(idc)[0]).Spec.Template.Spec,
 		"CronJob":    specs.PruneCronJob(idc, &rc.RuntimeConfig, "img", "h", time.Hour).Spec.JobTemplate.Spec.Template.Spec,
 		"Job":        specs.RedriveJob(idc, &rc.RuntimeConfig, "img", "h", "t", "", nil).Spec.Template.Spec,
 	} {

@@ -22,9 +22,9 @@ func TestRenderedChildrenForKubeScore(t *testing.T) {
 	rc := mustRender(t, idc)
 	getenv := func(string) string { return "postgres://app@10.0.0.5:5432/app" }
 	children := []client.Object{
-		specs.Deployment(idc, rc, "idc-operator:0.2.0", "h"),
+		specs.Deployment(idc, rc, "idc-operator:0.2.0", "h", specs.Workloads(idc)[0]),
 		specs.PruneCronJob(idc, rc, "idc-operator:0.2.0", "h", 49*time.Hour),
-		specs.PodDisruptionBudget(idc),
+		specs.PodDisruptionBudget(idc, specs.Workloads(idc)[0]),
 		specs.NetworkPolicy(idc, rc, getenv),
 	}
 	var docs []string

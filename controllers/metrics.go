@@ -59,8 +59,15 @@ var resourceLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Help: "The broker's backlog for an IdempotentConsumer, as the manager read it with the window's inputs (once per --retention-period); status.lag moves only when this crosses a power of ten.",
 }, []string{"namespace", "name"})
 
+// resourcePartitionLag is resourceLag per partition of a partitioned
+// resource (spec.source.natsJetStream.partitions).
+var resourcePartitionLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "idc_resource_partition_lag_messages",
+	Help: "The broker's backlog for one partition's durable consumer of a partitioned IdempotentConsumer, as the manager read it (once per --retention-period); status.partitions[].lag moves only when this crosses a power of ten.",
+}, []string{"namespace", "name", "partition"})
+
 // controllerMetrics are the collectors RegisterMetrics registers.
-var controllerMetrics = []prometheus.Collector{brokerReads, statusPatches, childApplies, phaseSeconds, brokerLimitTooSmall, inboxLost, resourceLag}
+var controllerMetrics = []prometheus.Collector{brokerReads, statusPatches, childApplies, phaseSeconds, brokerLimitTooSmall, inboxLost, resourceLag, resourcePartitionLag}
 
 // RegisterMetrics registers the controller-wide metrics on reg, the
 // registry the manager's /metrics serves (controller-runtime's
@@ -87,4 +94,5 @@ func forgetResourceSeries(key types.NamespacedName) {
 	brokerLimitTooSmall.DeletePartialMatch(own)
 	inboxLost.DeletePartialMatch(own)
 	resourceLag.DeleteLabelValues(key.Namespace, key.Name)
+	resourcePartitionLag.DeletePartialMatch(own)
 }

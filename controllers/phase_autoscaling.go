@@ -56,71 +56,95 @@ func (r *Reconciler) autoscalingPhase(ctx context.Context, s *scope) (ctrl.Resul
 	}
 	paused := idc.Spec.Suspend || !s.obs.effect.ok
 	hold := specs.ScaleHold{Paused: paused, AwaitConsumer: s.reading != nil && s.reading.reading.ConsumerMissing}
-	so, ta, err := specs.ScaledObject(idc, &s.rc.RuntimeConfig, hold)
-	if err != nil {
-		s.obs.autoscaling = failed(messagingv1alpha1.ReasonInvalidSpec, err.Error())
-		return ctrl.Result{}, nil
-	}
-	for _, obj := range []*unstructured.Unstructured{ta, so} {
-		if obj == nil {
-			continue
-		}
-		if err := r.apply(ctx, idc, obj); err != nil {
-			if meta.IsNoMatchError(err) {
-				// KEDA went away since discovery was asked.
-				r.opts.KEDA.Forget()
-			}
-			return ctrl.Result{}, r.childRefused(s, err)
-		}
-		if s.halted {
+	workloads := specs.Workloads(idc)
+	for _, w := range workloads {
+		so, ta, err := specs.ScaledObject(idc, &s.rc.RuntimeConfig, hold, w)
+		if err != nil {
+			s.obs.autoscaling = failed(messagingv1alpha1.ReasonInvalidSpec, err.Error())
 			return ctrl.Result{}, nil
 		}
+		for _, obj := range []*unstructured.Unstructured{ta, so} {
+			if obj == nil {
+				continue
+			}
+			if err := r.apply(ctx, idc, obj); err != nil {
+				if meta.IsNoMatchError(err) {
+					// KEDA went away since discovery was asked.
+					r.opts.KEDA.Forget()
+				}
+				return ctrl.Result{}, r.childRefused(s, err)
+			}
+			if s.halted {
+				return ctrl.Result{}, nil
+			}
+		}
 	}
-	idc.Status.Runtime.ScaledObject = so.GetName()
-	return ctrl.Result{}, r.observeScaling(ctx, s, a, hold)
+	idc.Status.Runtime.ScaledObject = workloads[0].Name
+	return ctrl.Result{}, r.observeScaling(ctx, s, a, hold, workloads)
 }
 
-// observeScaling reads the ScaledObject's conditions and its
-// HorizontalPodAutoscaler into the Autoscaling condition and the status'
-// desired replicas and reason.
-func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, hold specs.ScaleHold) error {
+// observeScaling reads the ScaledObjects' conditions and their
+// HorizontalPodAutoscalers into the Autoscaling condition and the status'
+// desired replicas and reason (each partition's, for a partitioned
+// resource).
+func (r *Reconciler) observeScaling(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, hold specs.ScaleHold, workloads []specs.Workload) error {
+	idc := s.idc
+	s.obs.autoscaling = okOutcome(messagingv1alpha1.ReasonScaledByKEDA,
+		fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", hold.MinReplicas(a), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig)))
+	if len(workloads) > 1 {
+		s.obs.autoscaling.message = fmt.Sprintf("KEDA scales each of the %d partitions' Deployments between %d and %d replicas at %d backlog per replica of its own consumer",
+			len(workloads), hold.MinReplicas(a), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig))
+	}
+	var reasons []string
+	for _, w := range workloads {
+		why, err := r.observeScaledObject(ctx, s, a, hold, w)
+		if err != nil {
+			return err
+		}
+		if w.Partitioned() {
+			why = fmt.Sprintf("partition %d: %s", w.Partition, why)
+		}
+		reasons = append(reasons, why)
+	}
+	why := strings.Join(reasons, "; ")
+	if hold.AwaitConsumer && hold.MinReplicas(a) != a.MinReplicasOrDefault() {
+		why = fmt.Sprintf("minReplicas 0 held at 1 until the broker has the consumer KEDA reads the lag from (the runtime creates it on its first start; at 0 nothing would); %s", why)
+	}
+	s.setScale(s.liveReplicas, why)
+	return nil
+}
+
+// observeScaledObject reads one workload's ScaledObject into the
+// Autoscaling condition (the first that is not ready speaks) and returns
+// why its HorizontalPodAutoscaler wants its replicas.
+func (r *Reconciler) observeScaledObject(ctx context.Context, s *scope, a *messagingv1alpha1.AutoscalingSpec, hold specs.ScaleHold, w specs.Workload) (string, error) {
 	idc := s.idc
 	live := &unstructured.Unstructured{}
 	live.SetGroupVersionKind(specs.GVKScaledObject)
-	if err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: specs.DeploymentName(idc)}, live); err != nil {
-		return fmt.Errorf("reading the ScaledObject back: %w", err)
+	if err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: w.Name}, live); err != nil {
+		return "", fmt.Errorf("reading the ScaledObject %s back: %w", w.Name, err)
 	}
 	ready, active := scaledObjectConditions(live)
-	switch {
-	case ready == nil:
-		s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA has not reported on the ScaledObject yet (is the KEDA operator running?)")
-	case ready.status != "True":
-		s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA: "+ready.message)
-	default:
-		s.obs.autoscaling = okOutcome(messagingv1alpha1.ReasonScaledByKEDA,
-			fmt.Sprintf("KEDA scales the Deployment between %d and %d replicas at %d backlog per replica", hold.MinReplicas(a), a.MaxReplicas, specs.LagPerReplica(idc, &s.rc.RuntimeConfig)))
-	}
-	desired := s.liveReplicas
-	var why string
-	if hold.Paused {
-		why = "held at 0 by the ScaledObject's paused-replicas (spec.suspend, or EffectReady False)"
-	} else {
-		var hpa autoscalingv2.HorizontalPodAutoscaler
-		err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: kedaHPAPrefix + specs.DeploymentName(idc)}, &hpa)
+	if s.obs.autoscaling.ok {
 		switch {
-		case apierrors.IsNotFound(err):
-			why = "KEDA has not created its HorizontalPodAutoscaler yet"
-		case err != nil:
-			return fmt.Errorf("reading KEDA's HorizontalPodAutoscaler: %w", err)
-		default:
-			why = hpaReason(&hpa, a, specs.LagPerReplica(idc, &s.rc.RuntimeConfig), active)
-		}
-		if hold.AwaitConsumer && hold.MinReplicas(a) != a.MinReplicasOrDefault() {
-			why = fmt.Sprintf("minReplicas 0 held at 1 until the broker has the consumer KEDA reads the lag from (the runtime creates it on its first start; at 0 nothing would); %s", why)
+		case ready == nil:
+			s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, fmt.Sprintf("KEDA has not reported on the ScaledObject %s yet (is the KEDA operator running?)", w.Name))
+		case ready.status != "True":
+			s.obs.autoscaling = failed(messagingv1alpha1.ReasonScaledObjectNotReady, "KEDA: "+ready.message)
 		}
 	}
-	s.setScale(desired, why)
-	return nil
+	if hold.Paused {
+		return "held at 0 by the ScaledObject's paused-replicas (spec.suspend, or EffectReady False)", nil
+	}
+	var hpa autoscalingv2.HorizontalPodAutoscaler
+	err := r.live.Get(ctx, client.ObjectKey{Namespace: idc.Namespace, Name: kedaHPAPrefix + w.Name}, &hpa)
+	switch {
+	case apierrors.IsNotFound(err):
+		return "KEDA has not created its HorizontalPodAutoscaler yet", nil
+	case err != nil:
+		return "", fmt.Errorf("reading KEDA's HorizontalPodAutoscaler: %w", err)
+	}
+	return hpaReason(&hpa, a, specs.LagPerReplica(idc, &s.rc.RuntimeConfig), active), nil
 }
 
 // hpaReason says why the HPA wants its replica count: the backlog per
@@ -170,11 +194,15 @@ func (r *Reconciler) removeScaledObject(ctx context.Context, s *scope) error {
 	if s.before.Status.Runtime == nil || s.before.Status.Runtime.ScaledObject == "" {
 		return nil
 	}
-	so := &unstructured.Unstructured{}
-	so.SetGroupVersionKind(specs.GVKScaledObject)
-	so.SetNamespace(s.idc.Namespace)
-	so.SetName(s.before.Status.Runtime.ScaledObject)
-	for _, obj := range []client.Object{so, emptyTriggerAuth(s.idc)} {
+	var objs []client.Object
+	for _, w := range specs.Workloads(s.idc) {
+		so := &unstructured.Unstructured{}
+		so.SetGroupVersionKind(specs.GVKScaledObject)
+		so.SetNamespace(s.idc.Namespace)
+		so.SetName(w.Name)
+		objs = append(objs, so)
+	}
+	for _, obj := range append(objs, emptyTriggerAuth(s.idc)) {
 		existing := obj.DeepCopyObject().(client.Object)
 		err := r.live.Get(ctx, client.ObjectKeyFromObject(obj), existing)
 		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {

@@ -156,7 +156,7 @@ func TestScaledObjectShape(t *testing.T) {
 	idc.Spec.Runtime.Autoscaling.PollingInterval = "1500ms"
 	idc.Spec.Runtime.Autoscaling.ScaleDownStabilization = "10s"
 	rc := mustRender(t, idc)
-	so, ta, err := specs.ScaledObject(idc, rc, specs.ScaleHold{})
+	so, ta, err := specs.ScaledObject(idc, rc, specs.ScaleHold{}, specs.Workloads(idc)[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,18 +175,18 @@ func TestScaledObjectShape(t *testing.T) {
 	if so.GetAnnotations()["autoscaling.keda.sh/paused-replicas"] != "" {
 		t.Errorf("not paused, yet annotated %v", so.GetAnnotations())
 	}
-	paused, _, _ := specs.ScaledObject(idc, rc, specs.ScaleHold{Paused: true})
+	paused, _, _ := specs.ScaledObject(idc, rc, specs.ScaleHold{Paused: true}, specs.Workloads(idc)[0])
 	if paused.GetAnnotations()["autoscaling.keda.sh/paused-replicas"] != "0" {
 		t.Errorf("paused: annotations %v, want paused-replicas 0", paused.GetAnnotations())
 	}
 	// No consumer on the broker yet: minReplicas 0 is held at 1 until the
 	// runtime has created it; a declared minimum above 0 is left alone.
-	awaiting, _, _ := specs.ScaledObject(idc, rc, specs.ScaleHold{AwaitConsumer: true})
+	awaiting, _, _ := specs.ScaledObject(idc, rc, specs.ScaleHold{AwaitConsumer: true}, specs.Workloads(idc)[0])
 	if got := nested(t, awaiting, "spec", "minReplicaCount"); got != int64(1) {
 		t.Errorf("awaiting the consumer: minReplicaCount %v, want 1", got)
 	}
 	idc.Spec.Runtime.Autoscaling.MinReplicas = ptr.To(int32(3))
-	awaiting, _, _ = specs.ScaledObject(idc, rc, specs.ScaleHold{AwaitConsumer: true})
+	awaiting, _, _ = specs.ScaledObject(idc, rc, specs.ScaleHold{AwaitConsumer: true}, specs.Workloads(idc)[0])
 	if got := nested(t, awaiting, "spec", "minReplicaCount"); got != int64(3) {
 		t.Errorf("awaiting the consumer with minReplicas 3: minReplicaCount %v, want 3", got)
 	}

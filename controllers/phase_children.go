@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,20 +25,32 @@ import (
 func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	idc, rc := s.idc, s.rc
 	image := runtimeImageFor(idc, r.opts.RuntimeImage)
-	dep := specs.Deployment(idc, &rc.RuntimeConfig, image, s.secrets.hash)
+	var replicas *int32
+	override := false
 	if a := autoscaled(idc); a != nil {
 		installed, err := r.opts.KEDA.Installed(ctx)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		s.kedaInstalled = installed
-		dep.Spec.Replicas = deploymentReplicas(idc, installed)
+		replicas, override = deploymentReplicas(idc, installed), true
 	}
 	if !s.obs.effect.ok {
 		// Nothing may be fetched until the sink can take the effect.
-		dep.Spec.Replicas = ptr.To(int32(0))
+		replicas, override = ptr.To(int32(0)), true
 	}
-	for _, obj := range []client.Object{specs.ConfigMap(idc, &rc.RuntimeConfig), dep, specs.PruneCronJob(idc, &rc.RuntimeConfig, image, s.secrets.hash, s.window)} {
+	workloads := specs.Workloads(idc)
+	deps := make([]*appsv1.Deployment, len(workloads))
+	children := []client.Object{specs.ConfigMap(idc, &rc.RuntimeConfig)}
+	for i, w := range workloads {
+		deps[i] = specs.Deployment(idc, &rc.RuntimeConfig, image, s.secrets.hash, w)
+		if override {
+			deps[i].Spec.Replicas = replicas
+		}
+		children = append(children, deps[i])
+	}
+	children = append(children, specs.PruneCronJob(idc, &rc.RuntimeConfig, image, s.secrets.hash, s.window))
+	for _, obj := range children {
 		if err := r.apply(ctx, idc, obj); err != nil {
 			// A child another owner holds, or one the API server refused
 			// as invalid, stalls; nothing after it runs.
@@ -47,28 +60,75 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 
 	// The cache may not have seen a Deployment created a moment ago; the
 	// Owns watch brings us back when it does.
-	var live appsv1.Deployment
-	if err := r.client.Get(ctx, client.ObjectKeyFromObject(dep), &live); client.IgnoreNotFound(err) != nil {
-		return ctrl.Result{}, fmt.Errorf("reading the Deployment back: %w", err)
+	st := &messagingv1alpha1.RuntimeStatus{Selector: specs.Selector(idc)}
+	if len(workloads) == 1 {
+		st.Deployment = deps[0].Name
 	}
-	idc.Status.Runtime = &messagingv1alpha1.RuntimeStatus{
-		Deployment: dep.Name, Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Selector: specs.Selector(idc),
+	s.liveReplicas = 0
+	var partitions []messagingv1alpha1.PartitionStatus
+	s.obs.runtime = outcome{}
+	for i, dep := range deps {
+		var live appsv1.Deployment
+		if err := r.client.Get(ctx, client.ObjectKeyFromObject(dep), &live); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("reading the Deployment %s back: %w", dep.Name, err)
+		}
+		st.Replicas += live.Status.Replicas
+		st.ReadyReplicas += live.Status.ReadyReplicas
+		if live.Spec.Replicas != nil {
+			s.liveReplicas += *live.Spec.Replicas
+		} else if dep.Spec.Replicas != nil {
+			s.liveReplicas += *dep.Spec.Replicas
+		}
+		o := runtimeOutcome(idc, &live)
+		if w := workloads[i]; w.Partitioned() {
+			partitions = append(partitions, messagingv1alpha1.PartitionStatus{
+				Partition: int32(w.Partition), Deployment: w.Name, Consumer: w.Consumer,
+				Replicas: live.Status.Replicas, ReadyReplicas: live.Status.ReadyReplicas, Ready: o.ok,
+				Lag: observePartitionLag(s, w.Partition),
+			})
+			if !o.ok {
+				o.message = fmt.Sprintf("partition %d (Deployment %s): %s", w.Partition, w.Name, o.message)
+			}
+		}
+		// The first workload that is not ready speaks for the resource.
+		if i == 0 || (s.obs.runtime.ok && !o.ok) {
+			s.obs.runtime = o
+		}
 	}
-	if live.Spec.Replicas != nil {
-		s.liveReplicas = *live.Spec.Replicas
-	} else if dep.Spec.Replicas != nil {
-		s.liveReplicas = *dep.Spec.Replicas
+	if len(partitions) > 0 && s.obs.runtime.ok && !idc.Spec.Suspend {
+		s.obs.runtime.message = fmt.Sprintf("%d partitions, %d/%d replicas ready", len(partitions), st.ReadyReplicas, s.liveReplicas)
 	}
+	idc.Status.Runtime = st
+	idc.Status.Partitions = partitions
 	if autoscaled(idc) == nil {
 		s.setScale(s.liveReplicas, scaleReasonDeclared(idc, s.obs.effect.ok))
 	}
-	s.obs.runtime = runtimeOutcome(idc, &live)
 	if !s.obs.effect.ok && !idc.Spec.Suspend {
 		s.obs.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect,
 			fmt.Sprintf("the Deployment is held at 0 replicas until EffectReady is True (%s)", s.obs.effect.reason))
 	}
 	s.obs.prune = pruneOutcome(idc, s.window)
 	return ctrl.Result{}, nil
+}
+
+// observePartitionLag is partition i's status lag after the pass: the
+// broker phase's reading of its durable (also the exact figure in
+// idc_resource_partition_lag_messages), by bucket as status.lag is.
+func observePartitionLag(s *scope, i int) *int64 {
+	var before *int64
+	for _, p := range s.before.Status.Partitions {
+		if int(p.Partition) == i {
+			before = p.Lag
+		}
+	}
+	var read *int64
+	if s.reading != nil && i < len(s.reading.reading.PartitionLags) {
+		read = s.reading.reading.PartitionLags[i]
+	}
+	if read != nil {
+		resourcePartitionLag.WithLabelValues(s.key.Namespace, s.key.Name, strconv.Itoa(i)).Set(float64(*read))
+	}
+	return statusLag(before, read)
 }
 
 // deploymentReplicas is the replicas the Deployment is applied with under

@@ -18,13 +18,18 @@ import (
 // wanted.
 func (r *Reconciler) workloadPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	idc := s.idc
-	pdb := specs.PodDisruptionBudget(idc)
 	wantPDB := !r.opts.NoPodDisruptionBudgets && desiredReplicasDeclared(idc) > 1 && !idc.Spec.Suspend
-	np := specs.NetworkPolicy(idc, &s.rc.RuntimeConfig, s.secrets.getenv)
-	for _, c := range []struct {
+	type child struct {
 		obj  client.Object
 		want bool
-	}{{pdb, wantPDB}, {np, r.opts.NetworkPolicies}} {
+	}
+	var children []child
+	// One PodDisruptionBudget per workload (per partition).
+	for _, w := range specs.Workloads(idc) {
+		children = append(children, child{specs.PodDisruptionBudget(idc, w), wantPDB})
+	}
+	children = append(children, child{specs.NetworkPolicy(idc, &s.rc.RuntimeConfig, s.secrets.getenv), r.opts.NetworkPolicies})
+	for _, c := range children {
 		if err := r.applyOrRemove(ctx, s, c.obj, c.want); err != nil {
 			return ctrl.Result{}, err
 		}

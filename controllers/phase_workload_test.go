@@ -79,7 +79,7 @@ func got(t *testing.T, h *harness) *messagingv1alpha1.IdempotentConsumer {
 // requests ephemeral storage.
 func TestDefaultSpreadAndEphemeralStorage(t *testing.T) {
 	idc := unitConsumer()
-	d := specs.Deployment(idc, mustRender(t, idc), "img", "h")
+	d := specs.Deployment(idc, mustRender(t, idc), "img", "h", specs.Workloads(idc)[0])
 	tsc := d.Spec.Template.Spec.TopologySpreadConstraints
 	if len(tsc) != 1 || tsc[0].TopologyKey != corev1.LabelHostname || tsc[0].WhenUnsatisfiable != corev1.ScheduleAnyway || tsc[0].MaxSkew != 1 {
 		t.Fatalf("default spread %+v, want one soft spread across hostnames", tsc)
@@ -96,7 +96,7 @@ func TestDefaultSpreadAndEphemeralStorage(t *testing.T) {
 	mine := []corev1.TopologySpreadConstraint{{MaxSkew: 2, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.DoNotSchedule,
 		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}}}
 	idc.Spec.Runtime.TopologySpreadConstraints = mine
-	d = specs.Deployment(idc, mustRender(t, idc), "img", "h")
+	d = specs.Deployment(idc, mustRender(t, idc), "img", "h", specs.Workloads(idc)[0])
 	if got := d.Spec.Template.Spec.TopologySpreadConstraints; len(got) != 1 || got[0].TopologyKey != "topology.kubernetes.io/zone" {
 		t.Fatalf("with the user's constraints: %+v, want them alone", got)
 	}

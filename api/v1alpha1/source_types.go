@@ -18,6 +18,8 @@ type SourceSpec struct {
 }
 
 // NATSJetStreamSource is a durable pull consumer on a JetStream stream.
+// +kubebuilder:validation:XValidation:rule="!has(self.partitions) || !has(self.filterSubject)",message="filterSubject cannot be set with partitions: each partition's consumer is filtered to its partition's subjects, derived from the stream's partition transform"
+// +kubebuilder:validation:XValidation:rule="has(self.partitions) == has(oldSelf.partitions)",message="partitions cannot be added or removed: the partitions' durable consumers and the unpartitioned one are different consumers"
 type NATSJetStreamSource struct {
 	// url of the NATS server, e.g. nats://nats:4222.
 	// +kubebuilder:validation:MaxLength=512
@@ -43,6 +45,19 @@ type NATSJetStreamSource struct {
 	// +kubebuilder:validation:MaxLength=255
 	// +optional
 	FilterSubject string `json:"filterSubject,omitempty"`
+	// partitions splits the consumer by the stream's subject partitions:
+	// the stream must partition its subjects with a subject transform
+	// whose destination holds {{partition(N,...)}} with this N (nats-server
+	// 2.10+). Partition i runs its own Deployment <name>-p<i>, reading its
+	// own durable <consumer>-p<i> filtered to that partition's subjects, so
+	// one key is handled by one partition; all partitions share the one
+	// inbox. spec.runtime.replicas (or autoscaling) applies per partition.
+	// Immutable.
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=64
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="partitions is immutable: another count is another set of durable consumers"
+	// +optional
+	Partitions *int32 `json:"partitions,omitempty"`
 	// credentialsSecretRef holds a NATS .creds file.
 	// +optional
 	CredentialsSecretRef *SecretKeyRef `json:"credentialsSecretRef,omitempty"`

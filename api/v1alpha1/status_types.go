@@ -169,6 +169,13 @@ type IdempotentConsumerStatus struct {
 	// read is the manager's idc_resource_lag_messages gauge.
 	// +optional
 	Lag *int64 `json:"lag,omitempty"`
+	// partitions is each partition's Deployment, durable consumer,
+	// replicas and lag (spec.source.natsJetStream.partitions); lag and
+	// status.runtime then add up the partitions.
+	// +optional
+	// +listType=map
+	// +listMapKey=partition
+	Partitions []PartitionStatus `json:"partitions,omitempty"`
 	// lastRedrive is the latest redrive run through the
 	// messaging.idempotency.dev/redrive annotation.
 	// +optional
@@ -282,6 +289,31 @@ type RuntimeStatus struct {
 	// while spec.runtime.autoscaling is set and KEDA is installed.
 	// +optional
 	ScaledObject string `json:"scaledObject,omitempty"`
+}
+
+// PartitionStatus is one partition of a partitioned consumer.
+type PartitionStatus struct {
+	// partition is the index, 0 to partitions-1.
+	Partition int32 `json:"partition"`
+	// deployment runs the partition's replicas.
+	// +optional
+	Deployment string `json:"deployment,omitempty"`
+	// consumer is the partition's durable consumer on the stream.
+	// +optional
+	Consumer string `json:"consumer,omitempty"`
+	// replicas observed.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// readyReplicas observed.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// lag is the partition's backlog, in power-of-ten buckets like
+	// status.lag (idc_resource_partition_lag_messages has every read).
+	// +optional
+	Lag *int64 `json:"lag,omitempty"`
+	// ready says the partition's Deployment is available.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
 }
 
 // PruneRunStatus is one prune run.

@@ -152,14 +152,14 @@ func renderGolden(t *testing.T, in *goldenInput) map[string]any {
 	getenv := func(name string) string { return in.Env[name] }
 	out := map[string]any{
 		"configmap":           ConfigMap(idc, rc),
-		"deployment":          Deployment(idc, rc, in.Image, in.SecretsHash),
+		"deployment":          Deployment(idc, rc, in.Image, in.SecretsHash, Workloads(idc)[0]),
 		"cronjob":             PruneCronJob(idc, rc, in.Image, in.SecretsHash, in.window(t)),
-		"poddisruptionbudget": PodDisruptionBudget(idc),
+		"poddisruptionbudget": PodDisruptionBudget(idc, Workloads(idc)[0]),
 		"networkpolicy":       NetworkPolicy(idc, rc, getenv),
 		"redrive-job":         RedriveJob(idc, rc, in.Image, in.SecretsHash, in.Redrive.Token, in.Redrive.Reason, in.Redrive.IDs),
 	}
 	if idc.Spec.Runtime.Autoscaling != nil {
-		so, ta, err := ScaledObject(idc, rc, ScaleHold{Paused: in.Paused})
+		so, ta, err := ScaledObject(idc, rc, ScaleHold{Paused: in.Paused}, Workloads(idc)[0])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,14 +11,15 @@ import (
 
 // PodDisruptionBudget keeps all but one consumer replica up through
 // voluntary disruptions (node drains): a consumer with more than one
-// replica keeps consuming while a node is drained.
-func PodDisruptionBudget(idc *messagingv1alpha1.IdempotentConsumer) *policyv1.PodDisruptionBudget {
+// replica keeps consuming while a node is drained. One per workload (per
+// partition).
+func PodDisruptionBudget(idc *messagingv1alpha1.IdempotentConsumer, w Workload) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "policy/v1", Kind: "PodDisruptionBudget"},
-		ObjectMeta: metav1.ObjectMeta{Name: DeploymentName(idc), Namespace: idc.Namespace, Labels: Labels(idc, ComponentConsumer)},
+		ObjectMeta: metav1.ObjectMeta{Name: w.Name, Namespace: idc.Namespace, Labels: w.labels(idc)},
 		Spec: policyv1.PodDisruptionBudgetSpec{
 			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
-			Selector:       &metav1.LabelSelector{MatchLabels: ConsumerSelector(idc)},
+			Selector:       &metav1.LabelSelector{MatchLabels: w.selector(idc)},
 		},
 	}
 }

@@ -64,7 +64,7 @@ type kedaSecretParam struct {
 
 // renderKEDATrigger builds the scaler that matches the source kind from the
 // same source spec the runtime consumes with. Pure.
-func renderKEDATrigger(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig) (kedaTrigger, error) {
+func renderKEDATrigger(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, w Workload) (kedaTrigger, error) {
 	a := idc.Spec.Runtime.Autoscaling
 	lag := strconv.FormatInt(LagPerReplica(idc, rc), 10)
 	activation := strconv.FormatInt(a.ActivationLag, 10)
@@ -95,7 +95,7 @@ func renderKEDATrigger(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeCon
 		}
 		t = kedaTrigger{typ: "nats-jetstream", metadata: map[string]string{
 			"natsServerMonitoringEndpoint": endpoint, "useHttps": strconv.FormatBool(https), "account": cmp.Or(a.NATSAccount, "$G"),
-			"stream": j.Stream, "consumer": j.Consumer, "lagThreshold": lag, "activationLagThreshold": activation,
+			"stream": j.Stream, "consumer": cmp.Or(w.Consumer, j.Consumer), "lagThreshold": lag, "activationLagThreshold": activation,
 		}}
 	case src.Kafka != nil:
 		k := src.Kafka
@@ -184,19 +184,17 @@ func (h ScaleHold) MinReplicas(a *messagingv1alpha1.AutoscalingSpec) int32 {
 	return a.MinReplicasOrDefault()
 }
 
-// ScaledObject renders the KEDA ScaledObject that scales the consumer
-// Deployment, and the TriggerAuthentication it references (nil when the
-// scaler needs no Secret), under hold. Pure.
-func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, hold ScaleHold) (*unstructured.Unstructured, *unstructured.Unstructured, error) {
+// ScaledObject renders the KEDA ScaledObject that scales a consumer
+// workload's Deployment on its own consumer's lag (each partition on its
+// own), and the TriggerAuthentication it references (nil when the scaler
+// needs no Secret; one for all workloads), under hold. Pure.
+func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, hold ScaleHold, w Workload) (*unstructured.Unstructured, *unstructured.Unstructured, error) {
 	a := idc.Spec.Runtime.Autoscaling
-	t, err := renderKEDATrigger(idc, rc)
+	t, err := renderKEDATrigger(idc, rc, w)
 	if err != nil {
 		return nil, nil, err
 	}
-	labels := map[string]any{}
-	for k, v := range Labels(idc, ComponentConsumer) {
-		labels[k] = v
-	}
+	labels := anyMap(w.labels(idc))
 	metadata := map[string]any{}
 	for k, v := range t.metadata {
 		metadata[k] = v
@@ -210,7 +208,7 @@ func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, 
 			refs = append(refs, map[string]any{"parameter": s.parameter, "name": s.ref.Name, "key": s.ref.Key})
 		}
 		ta = &unstructured.Unstructured{Object: map[string]any{
-			"metadata": map[string]any{"name": TriggerAuthName(idc), "namespace": idc.Namespace, "labels": labels},
+			"metadata": map[string]any{"name": TriggerAuthName(idc), "namespace": idc.Namespace, "labels": anyMap(Labels(idc, ComponentConsumer))},
 			"spec":     map[string]any{"secretTargetRef": refs},
 		}}
 		ta.SetGroupVersionKind(GVKTriggerAuthentication)
@@ -218,9 +216,9 @@ func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, 
 	}
 
 	so := &unstructured.Unstructured{Object: map[string]any{
-		"metadata": map[string]any{"name": DeploymentName(idc), "namespace": idc.Namespace, "labels": labels},
+		"metadata": map[string]any{"name": w.Name, "namespace": idc.Namespace, "labels": labels},
 		"spec": map[string]any{
-			"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": DeploymentName(idc)},
+			"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": w.Name},
 			"minReplicaCount": int64(hold.MinReplicas(a)),
 			"maxReplicaCount": int64(a.MaxReplicas),
 			"pollingInterval": secondsOr(a.PollingInterval, 30),
@@ -237,4 +235,12 @@ func ScaledObject(idc *messagingv1alpha1.IdempotentConsumer, rc *RuntimeConfig, 
 		so.SetAnnotations(map[string]string{"autoscaling.keda.sh/paused-replicas": "0"})
 	}
 	return so, ta, nil
+}
+
+func anyMap(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }

@@ -1,5 +1,7 @@
 package config
 
+import "fmt"
+
 // Source holds exactly one broker block.
 type Source struct {
 	NATSJetStream *JetStream    `json:"natsJetStream,omitempty"`
@@ -37,6 +39,10 @@ type JetStream struct {
 	Stream        string `json:"stream"`
 	Consumer      string `json:"consumer"`
 	FilterSubject string `json:"filterSubject,omitempty"`
+	// Partitions is natsJetStream.partitions (0: unpartitioned): each
+	// partition's replicas run with --partition and read the durable
+	// PartitionConsumer(Consumer, i).
+	Partitions int `json:"partitions,omitempty"`
 	// CredentialsEnv holds the content of a NATS .creds file.
 	CredentialsEnv string `json:"credentialsEnv,omitempty"`
 	TLS            *TLS   `json:"tls,omitempty"`
@@ -82,4 +88,10 @@ type RedisStreams struct {
 	// XAUTOCLAIM (the lease).
 	ClaimMinIdle Duration `json:"claimMinIdle,omitempty"`
 	TLS          *TLS     `json:"tls,omitempty"`
+}
+
+// PartitionConsumer is the durable consumer of partition i of a
+// partitioned JetStream source (natsJetStream.partitions).
+func PartitionConsumer(consumer string, i int) string {
+	return fmt.Sprintf("%s-p%d", consumer, i)
 }

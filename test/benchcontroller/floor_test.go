@@ -183,8 +183,8 @@ func floorOne(ctx context.Context, c client.Client, pool *pgxpool.Pool, migratio
 		return err
 	}
 	const image, secretsHash = "idc-operator:bench", "floor"
-	dep := specs.Deployment(idc, rc, image, secretsHash)
-	children := []client.Object{specs.ConfigMap(idc, rc), dep, specs.PruneCronJob(idc, rc, image, secretsHash, windowForFloor), specs.PodDisruptionBudget(idc)}
+	dep := specs.Deployment(idc, rc, image, secretsHash, specs.Workloads(idc)[0])
+	children := []client.Object{specs.ConfigMap(idc, rc), dep, specs.PruneCronJob(idc, rc, image, secretsHash, windowForFloor), specs.PodDisruptionBudget(idc, specs.Workloads(idc)[0])}
 	var applied *unstructured.Unstructured
 	for _, obj := range children {
 		u, err := applyChild(ctx, c, idc, obj)
