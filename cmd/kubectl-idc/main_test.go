@@ -156,6 +156,20 @@ func TestStatusOnOneScreen(t *testing.T) {
 	if err := renderStatus(&my, buildStatus(onMySQL, nil), testNow); err != nil || !strings.Contains(my.String(), "Sink:         mysql (MySQL/MariaDB), database shop\n") {
 		t.Errorf("on MySQL: %v\n%s", err, my.String())
 	}
+	partitioned := orders()
+	partitioned.Status.Partitions = []v1alpha1.PartitionStatus{
+		{Partition: 0, Deployment: "orders-p0", Consumer: "orders-p0", Replicas: 2, ReadyReplicas: 2, Ready: true, Lag: ptr.To(int64(40))},
+		{Partition: 1, Deployment: "orders-p1", Consumer: "orders-p1", Replicas: 2, ReadyReplicas: 1},
+	}
+	var parts strings.Builder
+	if err := renderStatus(&parts, buildStatus(partitioned, nil), testNow); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Partitions:", "0          orders-p0   orders-p0  2/2                  40 messages", "1          orders-p1   orders-p1  1/2 (not available)  not read yet", "Pods (2 partitions' Deployments,"} {
+		if !strings.Contains(parts.String(), want) {
+			t.Errorf("partitioned status lacks %q:\n%s", want, parts.String())
+		}
+	}
 	if n := strings.Count(out, "\n"); n > 40 {
 		t.Errorf("status takes %d lines, more than one screen:\n%s", n, out)
 	}

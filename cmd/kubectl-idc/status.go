@@ -48,7 +48,9 @@ type statusReport struct {
 	// UsesOutbox: spec.emit, or an http effect delivered through the outbox.
 	UsesOutbox bool                    `json:"usesOutbox"`
 	Runtime    *v1alpha1.RuntimeStatus `json:"runtime,omitempty"`
-	Pods       []podSummary            `json:"pods"`
+	// Partitions are status.partitions (natsJetStream.partitions).
+	Partitions []v1alpha1.PartitionStatus `json:"partitions,omitempty"`
+	Pods       []podSummary               `json:"pods"`
 }
 
 func (a *app) statusCommand() *cobra.Command {
@@ -96,7 +98,7 @@ func buildStatus(idc *v1alpha1.IdempotentConsumer, pods []corev1.Pod) statusRepo
 		Name: idc.Name, Namespace: idc.Namespace, Generation: idc.Generation, ObservedGeneration: st.ObservedGeneration,
 		Source: st.Source, Guarantee: string(st.Guarantee), Suspended: idc.Spec.Suspend,
 		Conditions: st.Conditions, Window: explainWindow(idc), Lag: st.Lag, Inbox: st.Inbox,
-		LastPrune: st.LastPrune, LastRedrive: st.LastRedrive, Outbox: st.Outbox, Runtime: st.Runtime,
+		LastPrune: st.LastPrune, LastRedrive: st.LastRedrive, Outbox: st.Outbox, Runtime: st.Runtime, Partitions: st.Partitions,
 		Pods: []podSummary{}, UsesOutbox: usesOutbox(idc), Sink: sinkText(&idc.Spec.Sink),
 	}
 	if rep.Conditions == nil {
@@ -158,8 +160,25 @@ func renderStatus(w io.Writer, rep statusReport, now time.Time) error {
 	}
 	p.flush(tw)
 
+	if len(rep.Partitions) > 0 {
+		p.f("\nPartitions:\n")
+		tw = p.table()
+		p.tf(tw, "  PARTITION\tDEPLOYMENT\tCONSUMER\tREADY\tLAG\n")
+		for _, pt := range rep.Partitions {
+			ready := fmt.Sprintf("%d/%d", pt.ReadyReplicas, pt.Replicas)
+			if !pt.Ready {
+				ready += " (not available)"
+			}
+			p.tf(tw, "  %d\t%s\t%s\t%s\t%s\n", pt.Partition, pt.Deployment, pt.Consumer, ready, lagText(pt.Lag))
+		}
+		p.flush(tw)
+	}
+
 	p.f("\nPods")
-	if rep.Runtime != nil {
+	switch {
+	case rep.Runtime != nil && len(rep.Partitions) > 0:
+		p.f(" (%d partitions' Deployments, %d/%d ready)", len(rep.Partitions), rep.Runtime.ReadyReplicas, rep.Runtime.Replicas)
+	case rep.Runtime != nil:
 		p.f(" (Deployment %s, %d/%d ready)", rep.Runtime.Deployment, rep.Runtime.ReadyReplicas, rep.Runtime.Replicas)
 	}
 	p.f(":\n")
