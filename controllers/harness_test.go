@@ -140,6 +140,8 @@ type fakeBroker struct {
 	// consumerMissing: the broker has the stream but not the consumer yet
 	// (no lag, the window still derived).
 	consumerMissing bool
+	// partitionLags are the partitions' backlogs the broker reports.
+	partitionLags []int64
 }
 
 func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string) string, now time.Time) (BrokerReading, error) {
@@ -164,7 +166,11 @@ func (f *fakeBroker) Observe(_ context.Context, _ *config.Config, _ func(string)
 	if f.consumerMissing {
 		return BrokerReading{Result: res, ConsumerMissing: true}, f.err
 	}
-	return BrokerReading{Result: res, Lag: &lag}, f.err
+	out := BrokerReading{Result: res, Lag: &lag}
+	for _, l := range f.partitionLags {
+		out.PartitionLags = append(out.PartitionLags, &l)
+	}
+	return out, f.err
 }
 
 func (f *fakeBroker) setConsumerMissing(missing bool) {

@@ -3,8 +3,10 @@ package controllers
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -388,6 +390,49 @@ func TestMinReplicasZeroWaitsForTheConsumer(t *testing.T) {
 	}
 	if got := minCount(); got != int64(0) {
 		t.Fatalf("the consumer exists: minReplicaCount %v, want the declared 0", got)
+	}
+}
+
+// A partitioned resource on a real API server with KEDA's CRDs: one
+// Deployment, ScaledObject and PodDisruptionBudget per partition, each
+// scaling on its own durable; status.partitions with each partition's lag.
+func TestPartitionedConsumerChildren(t *testing.T) {
+	e := newKEDAEnv(t)
+	e.r.opts.Broker.(*fakeBroker).partitionLags = []int64{5, 50, 500}
+	e.create(secretOf("db", "dsn"))
+	idc := autoscaledConsumer("parted", messagingv1alpha1.SourceSpec{NATSJetStream: &messagingv1alpha1.NATSJetStreamSource{
+		URL: "nats://nats:4222", Stream: "ORDERS", Consumer: "parted", Partitions: ptr.To(int32(3))}})
+	e.create(idc)
+	e.pass("parted")
+	ctx := context.Background()
+	for i := range 3 {
+		name := fmt.Sprintf("parted-p%d", i)
+		var d appsv1.Deployment
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: name}, &d); err != nil {
+			t.Fatalf("partition %d's Deployment: %v", i, err)
+		}
+		if !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, fmt.Sprintf("--partition=%d", i)) {
+			t.Errorf("%s runs %v, want --partition=%d", name, d.Spec.Template.Spec.Containers[0].Args, i)
+		}
+		so := e.read("ScaledObject", name)
+		triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+		if len(triggers) != 1 || triggers[0].(map[string]any)["metadata"].(map[string]any)["consumer"] != name {
+			t.Errorf("%s's ScaledObject triggers %v, want the lag of consumer %s", name, triggers, name)
+		}
+	}
+	var none appsv1.Deployment
+	if err := e.c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: "parted"}, &none); err == nil {
+		t.Errorf("a partitioned resource also got the unpartitioned Deployment parted")
+	}
+	st := getIDC(t, e.c, "parted").Status
+	if len(st.Partitions) != 3 {
+		t.Fatalf("status.partitions %+v, want 3", st.Partitions)
+	}
+	for i, p := range st.Partitions {
+		want := []int64{5, 50, 500}[i]
+		if int(p.Partition) != i || p.Consumer != fmt.Sprintf("parted-p%d", i) || p.Lag == nil || *p.Lag != want {
+			t.Errorf("status.partitions[%d] = %+v, want partition %d, consumer parted-p%d, lag %d", i, p, i, i, want)
+		}
 	}
 }
 
