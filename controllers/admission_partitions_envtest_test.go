@@ -39,30 +39,33 @@ var _ = Describe("admission of natsJetStream.partitions", func() {
 		Expect(err.Error()).To(ContainSubstring("filterSubject cannot be set with partitions"))
 	})
 
+	// updated is the update of the stored idc changed by mutate, as a dry
+	// run on the latest version (the manager adds its finalizer meanwhile).
+	updated := func(idc *messagingv1alpha1.IdempotentConsumer, mutate func(*messagingv1alpha1.NATSJetStreamSource)) error {
+		GinkgoHelper()
+		latest := &messagingv1alpha1.IdempotentConsumer{}
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(idc), latest)).To(Succeed())
+		mutate(latest.Spec.Source.NATSJetStream)
+		return k8sClient.Update(ctx, latest, client.DryRunAll)
+	}
+
 	It("keeps the count and its presence as created", func() {
 		idc := partitioned(4)
 		Expect(k8sClient.Create(ctx, idc)).To(Succeed())
 		DeferCleanup(func() { _ = k8sClient.Delete(ctx, idc) })
 
-		changed := idc.DeepCopy()
-		changed.Spec.Source.NATSJetStream.Partitions = ptr.To(int32(8))
-		err := k8sClient.Update(ctx, changed)
+		err := updated(idc, func(j *messagingv1alpha1.NATSJetStreamSource) { j.Partitions = ptr.To(int32(8)) })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("partitions is immutable"))
 
-		removed := idc.DeepCopy()
-		removed.Spec.Source.NATSJetStream.Partitions = nil
-		err = k8sClient.Update(ctx, removed)
+		err = updated(idc, func(j *messagingv1alpha1.NATSJetStreamSource) { j.Partitions = nil })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("partitions cannot be added or removed"))
 
 		plain := newConsumer("plain-"+randomSuffix(), "PART", "part-db")
 		Expect(k8sClient.Create(ctx, plain)).To(Succeed())
 		DeferCleanup(func() { _ = k8sClient.Delete(ctx, plain) })
-		added := plain.DeepCopy()
-		added.Spec.Source.NATSJetStream.FilterSubject = ""
-		added.Spec.Source.NATSJetStream.Partitions = ptr.To(int32(2))
-		err = k8sClient.Update(ctx, added)
+		err = updated(plain, func(j *messagingv1alpha1.NATSJetStreamSource) { j.Partitions = ptr.To(int32(2)) })
 		Expect(err).To(HaveOccurred())
 		Expect(err.Error()).To(ContainSubstring("partitions cannot be added or removed"))
 	})
