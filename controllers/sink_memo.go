@@ -93,15 +93,19 @@ func (r *Reconciler) reuseSink(ctx context.Context, s *scope) {
 	s.recording = &sinkSnapshot{key: key, at: r.opts.Clock.Now()}
 }
 
-// consumersAvailable reads the consumer Deployment from the cache: it exists
-// and is available.
+// consumersAvailable reads the consumer Deployments (one per partition)
+// from the cache: they exist and are available.
 func (r *Reconciler) consumersAvailable(ctx context.Context, s *scope) bool {
-	var d appsv1.Deployment
-	if err := r.client.Get(ctx, types.NamespacedName{Namespace: s.idc.Namespace, Name: specs.DeploymentName(s.idc)}, &d); err != nil {
-		return false
+	for _, w := range specs.Workloads(s.idc) {
+		var d appsv1.Deployment
+		if err := r.client.Get(ctx, types.NamespacedName{Namespace: s.idc.Namespace, Name: w.Name}, &d); err != nil {
+			return false
+		}
+		if ok, _ := deploymentAvailable(&d); !ok {
+			return false
+		}
 	}
-	ok, _ := deploymentAvailable(&d)
-	return ok
+	return true
 }
 
 // recordSink keeps the pass's snapshot when every sink check recorded a
