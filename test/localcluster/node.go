@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -29,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+	"github.com/idempotency-dev/idc-operator/internal/specs"
 )
 
 // BridgeIP is the node's bridge gateway: the API server, the kubelet and the
@@ -129,11 +129,8 @@ func (c *Cluster) Pods(ctx context.Context, namespace string, labels map[string]
 
 // ConsumerPods are the running (not terminating) runtime pods of a resource.
 func (c *Cluster) ConsumerPods(ctx context.Context, idc *messagingv1alpha1.IdempotentConsumer) ([]corev1.Pod, error) {
-	var d appsv1.Deployment
-	if err := c.Client.Get(ctx, client.ObjectKeyFromObject(idc), &d); err != nil {
-		return nil, err
-	}
-	pods, err := c.Pods(ctx, idc.Namespace, d.Spec.Selector.MatchLabels)
+	// Every partition's pods of a partitioned resource (one Deployment each).
+	pods, err := c.Pods(ctx, idc.Namespace, specs.ConsumerSelector(idc))
 	if err != nil {
 		return nil, err
 	}

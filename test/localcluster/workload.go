@@ -48,6 +48,10 @@ type Workload struct {
 	Latest    map[string]OrderEvent
 	// Swapped counts orders whose versions are published out of order.
 	Swapped int
+	// KeyedSubjects publishes each event to <subject>.<orderId> (poison to
+	// <subject>.poison), so a stream can partition by the key's token;
+	// else every message goes to <subject>.events.
+	KeyedSubjects bool
 }
 
 // NewWorkload builds the messages for orders x versions events; resendShare
@@ -129,12 +133,12 @@ func (w *Workload) Publish(ctx context.Context, js jetstream.JetStream, subject 
 		}
 	}
 	for i, m := range w.Originals {
-		if err := publish(ctx, js, subject, m, &s); err != nil {
+		if err := w.publish(ctx, js, subject, m, &s); err != nil {
 			return s, err
 		}
 		if w.RetryAfter[i] {
 			s.Retries++
-			if err := publish(ctx, js, subject, m, &s); err != nil {
+			if err := w.publish(ctx, js, subject, m, &s); err != nil {
 				return s, err
 			}
 		}
@@ -148,7 +152,7 @@ func (w *Workload) Publish(ctx context.Context, js jetstream.JetStream, subject 
 	time.Sleep(2 * StreamDuplicateWindow)
 	for i, m := range w.Resends {
 		s.Resent++
-		if err := publish(ctx, js, subject, m, &s); err != nil {
+		if err := w.publish(ctx, js, subject, m, &s); err != nil {
 			return s, err
 		}
 		if (i+1)%50 == 0 && i+1 < len(w.Resends) {
@@ -158,7 +162,7 @@ func (w *Workload) Publish(ctx context.Context, js jetstream.JetStream, subject 
 	report("re-sends")
 	for _, m := range w.Poison {
 		s.Poison++
-		if err := publish(ctx, js, subject, m, &s); err != nil {
+		if err := w.publish(ctx, js, subject, m, &s); err != nil {
 			return s, err
 		}
 	}
@@ -166,8 +170,16 @@ func (w *Workload) Publish(ctx context.Context, js jetstream.JetStream, subject 
 	return s, nil
 }
 
-func publish(ctx context.Context, js jetstream.JetStream, subject string, m Message, s *PublishStats) error {
+func (w *Workload) publish(ctx context.Context, js jetstream.JetStream, subject string, m Message, s *PublishStats) error {
 	msg := nats.NewMsg(subject + ".events")
+	if w.KeyedSubjects {
+		var e OrderEvent
+		if json.Unmarshal(m.Body, &e) == nil && e.OrderID != "" {
+			msg.Subject = subject + "." + e.OrderID
+		} else {
+			msg.Subject = subject + ".poison"
+		}
+	}
 	if m.ID != "" {
 		msg.Header.Set(jetstream.MsgIDHeader, m.ID)
 	}
