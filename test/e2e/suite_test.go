@@ -66,6 +66,7 @@ func TestRealNode(t *testing.T) {
 		{"inbox-owned-across-namespaces", s.inboxOwnedAcrossNamespaces},
 		{"autoscale-on-lag-with-keda", s.autoscaleOnLag},
 		{"autoscale-from-zero-with-keda", s.autoscaleFromZero},
+		{"jetstream-partitions-shared-keys", s.jetStreamPartitions},
 		{"kubectl-idc-plugin", s.kubectlPlugin},
 		{"every-broker-goes-ready", s.everyBroker},
 		{"pipeline-emit-and-http-outbox", s.pipelineAndHTTPOutbox},
