@@ -3,8 +3,11 @@ package retention
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
 func TestPartitionFilter(t *testing.T) {
@@ -74,5 +77,42 @@ func TestPartitionsSupported(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "partitions needs nats-server 2.10 or later (this server is "+v+")") {
 			t.Errorf("PartitionsSupported(%q) = %v", v, err)
 		}
+	}
+}
+
+// BoundByReadings judges each silent replica by the reading of its own
+// consumer: one partition's settled durable retires its replica while
+// another's unsettled one holds.
+func TestBoundByReadingsPerConsumer(t *testing.T) {
+	now := time.Now()
+	created := now.Add(-time.Hour)
+	rec := func(replica, durable string) inbox.ProgressRecord {
+		return inbox.ProgressRecord{Replica: replica, StartedAt: created, HeartbeatAt: now.Add(-2 * StaleAfter),
+			Positions: map[string]int64{"stream": 10},
+			Consumer:  &inbox.ConsumerIdentity{Kind: "NATSJetStream", Name: "S/" + durable, Created: &created}}
+	}
+	reading := func(durable string, unsettled int64) Settlement {
+		return Settlement{Unsettled: unsettled, Position: map[string]int64{"stream": 20}, Floor: map[string]int64{"stream": 5},
+			Monotonic: []string{"stream"}, Consumer: inbox.ConsumerIdentity{Kind: "NATSJetStream", Name: "S/" + durable, Created: &created}}
+	}
+	readings := map[string]Settlement{"S/idc-p0": reading("idc-p0", 0), "S/idc-p1": reading("idc-p1", 3)}
+	recs := []inbox.ProgressRecord{rec("a", "idc-p0"), rec("b", "idc-p1")}
+	h := BoundByReadings(now, time.Hour, recs, func(r inbox.ProgressRecord) (Settlement, error) {
+		return readings[r.Consumer.Name], nil
+	})
+	if len(h.Retire) != 1 || h.Retire[0].Replica != "a" {
+		t.Errorf("retired %+v, want replica a (its partition settled)", h.Retire)
+	}
+	if len(h.Stamp) != 1 || h.Stamp[0].Replica != "b" || h.Marks["b"]["stream"] != 20 {
+		t.Errorf("stamped %+v marks %v, want replica b at its partition's position 20", h.Stamp, h.Marks)
+	}
+	// One reading for everyone (BoundByProgress) would have judged b by
+	// a's settled consumer: the other consumer's reading.
+	one := BoundByProgress(now, time.Hour, recs, readings["S/idc-p0"], nil)
+	if len(one.Retire) != 1 || one.Retire[0].Replica != "a" {
+		t.Errorf("one reading: retired %+v", one.Retire)
+	}
+	if len(one.Stamp) != 1 || one.Stamp[0].Replica != "b" || !strings.Contains(one.Evidence["b"], "not of the") {
+		t.Errorf("one reading: b stamped %+v evidence %q, want it held as another consumer's reading", one.Stamp, one.Evidence["b"])
 	}
 }
