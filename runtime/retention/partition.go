@@ -114,17 +114,15 @@ func suggestTransform(st jetstream.StreamConfig, n int) string {
 		toks[len(toks)-1] = "*"
 	}
 	var dest, wild []string
-	k := 0
 	placed := false
 	for _, tok := range toks {
 		if tok == "*" {
-			k++
-			wild = append(wild, strconv.Itoa(k))
+			wild = append(wild, strconv.Itoa(len(wild)+1))
 		}
 	}
-	if k == 0 {
+	if len(wild) == 0 {
 		toks = append(toks, "*")
-		k, wild = 1, []string{"1"}
+		wild = []string{"1"}
 	}
 	j := 0
 	for _, tok := range toks {
