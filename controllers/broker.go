@@ -50,6 +50,15 @@ func (LiveBroker) Observe(ctx context.Context, cfg *config.Config, getenv func(s
 		out.Lag = &lag
 	}
 	out.ConsumerMissing = errors.Is(rd.LagErr, retention.ErrSourceNotFound)
+	if len(rd.Partitions) > 0 {
+		out.PartitionLags = make([]*int64, len(rd.Partitions))
+		for _, p := range rd.Partitions {
+			if p.Err == nil && p.Index >= 0 && p.Index < len(out.PartitionLags) {
+				lag := p.Lag
+				out.PartitionLags[p.Index] = &lag
+			}
+		}
+	}
 	return out, err
 }
 

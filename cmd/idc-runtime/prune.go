@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -210,19 +211,38 @@ func holdByProgress(ctx context.Context, cfg *config.Config, store sink.Inbox, w
 		return retention.Hold{}, progressCost{}, err
 	}
 	cost := progressCost{records: len(recs)}
-	var st retention.Settlement
-	var stErr error
-	if anySilent(now, recs) {
-		cost.brokerCalls++
-		if st, stErr = retention.Settle(ctx, cfg, os.Getenv); stErr != nil {
-			log.Error(stErr, "Cannot read what the broker could still redeliver; replicas that stopped heartbeating keep holding pruning back")
+	// One broker call per consumer a silent replica consumed from: cfg's
+	// own, or, of a partitioned source, each partition's durable.
+	readings := map[string]settleReading{}
+	for _, r := range recs {
+		if r.Stopped || now.Sub(r.HeartbeatAt) <= retention.StaleAfter {
+			continue
 		}
+		key, target := settleTarget(cfg, r)
+		if _, ok := readings[key]; ok {
+			continue
+		}
+		cost.brokerCalls++
+		var rd settleReading
+		if rd.st, rd.err = retention.Settle(ctx, target, os.Getenv); rd.err != nil {
+			log.Error(rd.err, "Cannot read what the broker could still redeliver; replicas that stopped heartbeating keep holding pruning back",
+				"consumer", key)
+		}
+		readings[key] = rd
 	}
-	hold := retention.BoundByProgress(now, window, recs, st, stErr)
+	reading := func(r inbox.ProgressRecord) settleReading {
+		key, _ := settleTarget(cfg, r)
+		return readings[key]
+	}
+	hold := retention.BoundByReadings(now, window, recs, func(r inbox.ProgressRecord) (retention.Settlement, error) {
+		rd := reading(r)
+		return rd.st, rd.err
+	})
 	for _, r := range hold.Stamp {
 		if err := store.MarkStale(ctx, r, hold.Marks[r.Replica]); err != nil && !inbox.IsProgressMoved(err) {
 			return hold, cost, err
 		}
+		st := reading(r).st
 		log.Info("Replica stopped heartbeating with claims the broker may redeliver; holding pruning back until the broker settles them",
 			"progressReplica", r.Replica, "lastProgress", r.HeartbeatAt, "settleMark", st.Position, "broker", st.Facts)
 	}
@@ -232,22 +252,45 @@ func holdByProgress(ctx context.Context, cfg *config.Config, store sink.Inbox, w
 		}
 		if !r.Stopped {
 			log.Info("The broker settled everything a gone replica could have claimed; it no longer holds pruning back",
-				"progressReplica", r.Replica, "lastProgress", r.HeartbeatAt, "broker", st.Facts)
+				"progressReplica", r.Replica, "lastProgress", r.HeartbeatAt, "broker", reading(r).st.Facts)
 		}
 	}
 	cost.took = time.Since(start)
 	return hold, cost, nil
 }
 
-// anySilent reports whether a replica that did not stop gracefully has been
-// silent for retention.StaleAfter.
-func anySilent(now time.Time, recs []inbox.ProgressRecord) bool {
-	for _, r := range recs {
-		if !r.Stopped && now.Sub(r.HeartbeatAt) > retention.StaleAfter {
-			return true
+// settleReading is one broker settlement reading of a prune run.
+type settleReading struct {
+	st  retention.Settlement
+	err error
+}
+
+// settleTarget names the consumer a replica's claims came from (key) and
+// the config reading its settlement (retention.Settle). Unpartitioned, it
+// is cfg's consumer for every record, as it always was. Of a partitioned
+// JetStream source it is the durable the record's consumer identity names
+// (its partition's, "<stream>/<consumer>-p<i>"), read alone; a record
+// naming none on the stream (an older runtime's) consumed from the
+// configured consumer before the source was partitioned.
+func settleTarget(cfg *config.Config, r inbox.ProgressRecord) (string, *config.Config) {
+	j := cfg.Source.NATSJetStream
+	if j == nil || !j.Partitioned() {
+		return "", cfg
+	}
+	durable := j.Consumer
+	if j.OnePartition {
+		durable = strings.TrimSuffix(durable, fmt.Sprintf("-p%d", j.PartitionIndex))
+	}
+	if id := r.Consumer; id != nil && id.Kind == cfg.Source.Kind() {
+		if name, ok := strings.CutPrefix(id.Name, j.Stream+"/"); ok && name != "" {
+			durable = name
 		}
 	}
-	return false
+	one := *j
+	one.Consumer, one.Partitions, one.PartitionIndex, one.OnePartition = durable, 0, 0, false
+	target := *cfg
+	target.Source.NATSJetStream = &one
+	return j.Stream + "/" + durable, &target
 }
 
 func pruneStore(ctx context.Context, store sink.Inbox, r config.Retention, b inbox.Bound) (inbox.PruneResult, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -52,14 +53,22 @@ const shutdownTimeout = 5 * time.Second
 func runCommand(args []string, stderr io.Writer) int {
 	var flags commonFlags
 	var consumerName string
+	var partition int
 	fs := flags.flagSet("run", stderr)
 	fs.StringVar(&consumerName, "consumer-name", "", "this replica's name on the broker (default $POD_NAME, else the host name)")
+	fs.IntVar(&partition, "partition", -1, "the partition this replica reads, 0..partitions-1: required when source.natsJetStream.partitions is set, refused otherwise")
 	if err := parseFlags(fs, args); err != nil {
 		return exitCode(err)
 	}
 	cfg, log, err := flags.setup("run", stderr)
 	if err != nil {
 		return report(log, err)
+	}
+	if err := selectPartition(cfg, partition, flagGiven(fs, "partition")); err != nil {
+		return report(log, err)
+	}
+	if j := cfg.Source.NATSJetStream; j != nil && j.OnePartition {
+		log = log.WithValues("partition", j.PartitionIndex)
 	}
 	if consumerName, err = resolveConsumerName(consumerName); err != nil {
 		return report(log, err)
@@ -68,6 +77,38 @@ func runCommand(args []string, stderr io.Writer) int {
 	ctx, stop := process.SignalContext()
 	defer stop()
 	return report(log, runConsumer(ctx, cfg, log, consumerName))
+}
+
+// selectPartition makes cfg partition i's view (config.JetStream.ForPartition)
+// when the source is partitioned: the replica then reads, creates and
+// records (its progress row's consumer identity) the partition's durable.
+// --partition is required with partitions and refused without.
+func selectPartition(cfg *config.Config, i int, set bool) error {
+	j := cfg.Source.NATSJetStream
+	if j == nil || !j.Partitioned() {
+		if set {
+			return withCode(exitUsage, errors.New("--partition is set, but the source is not partitioned (source.natsJetStream.partitions is not set)"))
+		}
+		return nil
+	}
+	if !set || i < 0 || i >= j.Partitions {
+		got := "not set"
+		if set {
+			got = fmt.Sprint(i)
+		}
+		return withCode(exitUsage, fmt.Errorf("--partition must be one of 0..%d: the source is read in %d partitions (source.natsJetStream.partitions), each replica reads one; got %s",
+			j.Partitions-1, j.Partitions, got))
+	}
+	view := j.ForPartition(i)
+	cfg.Source.NATSJetStream = &view
+	return nil
+}
+
+// flagGiven reports whether the flag was given on the command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func resolveConsumerName(flagValue string) (string, error) {

@@ -95,6 +95,7 @@ func (c *Config) validateSource(bad func(string, string, ...any)) {
 		if j.URL == "" || j.Stream == "" || j.Consumer == "" {
 			bad("source.natsJetStream", "url, stream and consumer are required")
 		}
+		j.validatePartitions(bad)
 	}
 	if k := c.Source.Kafka; k != nil {
 		n++
@@ -208,4 +209,13 @@ func ValidateExpression(expr string) error {
 		return nil
 	}
 	return fmt.Errorf("value %q must be a JSON path ($.field) or one of @messageId, @publishedAt, @payload, @header:<Name>", expr)
+}
+
+func (j *JetStream) validatePartitions(bad func(string, string, ...any)) {
+	switch {
+	case j.Partitions < 0 || j.Partitions == 1 || j.Partitions > MaxPartitions:
+		bad("source.natsJetStream.partitions", "must be 0 (not partitioned) or between 2 and %d, got %d", MaxPartitions, j.Partitions)
+	case j.Partitions > 0 && j.FilterSubject != "":
+		bad("source.natsJetStream.filterSubject", "must be empty with partitions: each partition's filter is derived from the stream's partitioning subject transform")
+	}
 }

@@ -167,6 +167,24 @@ type Reading struct {
 	// consumer that does not exist yet, whose window is still derived), or
 	// Read's error when Read failed before the lag could be read.
 	LagErr error
+	// Partitions is, for a partitioned JetStream config
+	// (config.JetStream.Partitions), each partition's lag, in partition
+	// order: Lag is their sum, and LagErr wraps ErrSourceNotFound while a
+	// partition's durable does not exist yet (its Err), Lag then summing
+	// the others. Nil for other configs.
+	Partitions []PartitionLag
+}
+
+// partitioned is a session whose lag reading spans partitions.
+type partitioned interface {
+	lastPartitions() []PartitionLag
+}
+
+func partitionsOf(s session) []PartitionLag {
+	if p, ok := s.(partitioned); ok {
+		return p.lastPartitions()
+	}
+	return nil
 }
 
 // Read derives the window and reads the lag over one connection: the
@@ -201,6 +219,7 @@ func read(ctx context.Context, cfg *config.Config, getenv Getenv, now time.Time,
 			out.LagErr = withSession(ctx, cfg, getenv, dial, lagError(cfg), func(ctx context.Context, s session) error {
 				var lerr error
 				out.Lag, lerr = s.lag(ctx)
+				out.Partitions = partitionsOf(s)
 				return lerr
 			})
 		}
@@ -217,6 +236,7 @@ func read(ctx context.Context, cfg *config.Config, getenv Getenv, now time.Time,
 			if out.Lag, lerr = s.lag(ctx); lerr != nil {
 				out.LagErr = lagError(cfg)(lerr)
 			}
+			out.Partitions = partitionsOf(s)
 		}
 		return nil
 	})

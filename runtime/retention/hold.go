@@ -85,6 +85,14 @@ func (h Hold) Bound(window time.Duration) inbox.Bound {
 // broker could not be read (settleErr), stale replicas keep their anchors:
 // nothing proves their claims settled.
 func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressRecord, st Settlement, settleErr error) Hold {
+	return BoundByReadings(now, window, recs, func(inbox.ProgressRecord) (Settlement, error) { return st, settleErr })
+}
+
+// BoundByReadings is BoundByProgress with the broker's settlement read per
+// record: reading(r) is the settlement of the consumer r's replica consumed
+// from (of a partitioned JetStream source, its partition's durable, which
+// the record's consumer identity names), and the error reading it.
+func BoundByReadings(now time.Time, window time.Duration, recs []inbox.ProgressRecord, reading func(inbox.ProgressRecord) (Settlement, error)) Hold {
 	h := Hold{WindowCutoff: now.Add(-window), Marks: map[string]map[string]int64{}, Evidence: map[string]string{}}
 	h.Cutoff = h.WindowCutoff
 	var holder *inbox.ProgressRecord
@@ -92,6 +100,7 @@ func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressR
 	for i := range recs {
 		r := recs[i]
 		silent := now.Sub(r.HeartbeatAt) > StaleAfter
+		st, settleErr := reading(r)
 		if r.Stopped {
 			if silent {
 				h.Retire = append(h.Retire, r)
@@ -121,6 +130,7 @@ func BoundByProgress(now time.Time, window time.Duration, recs []inbox.ProgressR
 		}
 	}
 	if holder != nil {
+		st, settleErr := reading(*holder)
 		h.Since, h.Reason = holdReason(now, h, holder, stale, st, settleErr)
 	}
 	return h

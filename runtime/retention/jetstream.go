@@ -31,6 +31,55 @@ type jetStreamSession struct {
 	cfg *config.JetStream
 	nc  *nats.Conn
 	js  jetstream.JetStream
+	// checked: the stream was found partitioned as configured (read once
+	// per session); partitions is the last partitionLags reading.
+	checked    bool
+	partitions []PartitionLag
+}
+
+// wholePartitioned: the config is partitioned and not one partition's view
+// (config.JetStream.ForPartition): its readings span every partition.
+func (j *jetStreamSession) wholePartitioned() bool {
+	return j.cfg.Partitioned() && !j.cfg.OnePartition
+}
+
+// limitsConsumer is the durable whose limits (AckWait, MaxDeliver, BackOff)
+// the window is derived from: partition 0's of a partitioned config (the
+// runtime creates every partition's alike), else the configured one.
+func (j *jetStreamSession) limitsConsumer() string {
+	if j.wholePartitioned() {
+		return config.PartitionConsumer(j.cfg.Consumer, 0)
+	}
+	return j.cfg.Consumer
+}
+
+// checkPartitioned checks, once per session, that the server and the stream
+// can be read in cfg.Partitions partitions (PartitionsSupported,
+// PartitionFilter); when not, the error wraps ErrSourceNotFound (the source
+// as configured is not on the broker) and says what to change.
+func (j *jetStreamSession) checkPartitioned(ctx context.Context) error {
+	if j.checked || !j.wholePartitioned() {
+		return nil
+	}
+	st, err := j.stream(ctx)
+	if err != nil {
+		return err
+	}
+	return j.checkStream(st)
+}
+
+func (j *jetStreamSession) checkStream(st jetstream.StreamConfig) error {
+	if !j.wholePartitioned() {
+		return nil
+	}
+	if err := PartitionsSupported(j.nc.ConnectedServerVersion()); err != nil {
+		return fmt.Errorf("%w: JetStream stream %s: %w", ErrSourceNotFound, j.cfg.Stream, err)
+	}
+	if _, err := PartitionFilter(st, j.cfg.Partitions, 0); err != nil {
+		return fmt.Errorf("%w: %w", ErrSourceNotFound, err)
+	}
+	j.checked = true
+	return nil
 }
 
 func (j *jetStreamInspector) open(context.Context) (session, error) {
@@ -53,6 +102,9 @@ func (j *jetStreamSession) close() { j.nc.Close() }
 func (j *jetStreamSession) inspect(ctx context.Context) (Observation, error) {
 	st, err := j.stream(ctx)
 	if err != nil {
+		return Observation{}, err
+	}
+	if err := j.checkStream(st); err != nil {
 		return Observation{}, err
 	}
 	cc, fact, err := j.consumer(ctx)
@@ -79,21 +131,29 @@ func (j *jetStreamSession) stream(ctx context.Context) (jetstream.StreamConfig, 
 
 // consumer returns the durable consumer's config, or the server defaults
 // (and a fact saying so) when it does not exist yet.
+//
+// Of a partitioned config it is partition 0's durable (limitsConsumer),
+// and the fact says so.
 func (j *jetStreamSession) consumer(ctx context.Context) (jetstream.ConsumerConfig, string, error) {
-	c, err := j.js.Consumer(ctx, j.cfg.Stream, j.cfg.Consumer)
+	name := j.limitsConsumer()
+	of := ""
+	if j.wholePartitioned() {
+		of = fmt.Sprintf(" (partition 0 of %d, its limits those of every partition)", j.cfg.Partitions)
+	}
+	c, err := j.js.Consumer(ctx, j.cfg.Stream, name)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
 		cc := jetstream.ConsumerConfig{AckWait: jsDefaultAckWait, MaxDeliver: jsDefaultMaxDeliver}
-		return cc, fmt.Sprintf("consumer %s does not exist yet: JetStream defaults ack_wait=%s max_deliver=%d backoff=[]",
-			j.cfg.Consumer, FormatDuration(cc.AckWait), cc.MaxDeliver), nil
+		return cc, fmt.Sprintf("consumer %s%s does not exist yet: JetStream defaults ack_wait=%s max_deliver=%d backoff=[]",
+			name, of, FormatDuration(cc.AckWait), cc.MaxDeliver), nil
 	case jsUnreachable(err):
-		return jetstream.ConsumerConfig{}, "", unreachable("reading JetStream consumer "+j.cfg.Consumer, err)
+		return jetstream.ConsumerConfig{}, "", unreachable("reading JetStream consumer "+name, err)
 	case err != nil:
-		return jetstream.ConsumerConfig{}, "", fmt.Errorf("while reading JetStream consumer %s on stream %s: %w", j.cfg.Consumer, j.cfg.Stream, err)
+		return jetstream.ConsumerConfig{}, "", fmt.Errorf("while reading JetStream consumer %s on stream %s: %w", name, j.cfg.Stream, err)
 	}
 	cc := c.CachedInfo().Config
-	return cc, fmt.Sprintf("consumer %s ack_wait=%s max_deliver=%d backoff=%s (broker)",
-		j.cfg.Consumer, FormatDuration(cc.AckWait), cc.MaxDeliver, formatDurations(cc.BackOff)), nil
+	return cc, fmt.Sprintf("consumer %s%s ack_wait=%s max_deliver=%d backoff=%s (broker)",
+		name, of, FormatDuration(cc.AckWait), cc.MaxDeliver, formatDurations(cc.BackOff)), nil
 }
 
 // jsUnreachable: the server did not answer (timeouts, no JetStream

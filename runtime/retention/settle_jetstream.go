@@ -19,7 +19,10 @@ import (
 // (a re-created durable reports nothing pending while the stream holds
 // every message the gone one never acknowledged).
 func (j *jetStreamSession) settle(ctx context.Context) (Settlement, error) {
-	info, err := j.consumerInfo(ctx)
+	if j.wholePartitioned() {
+		return Settlement{}, fmt.Errorf("JetStream stream %s is read in %d partitions, each by its own durable: a settlement is read of one partition's (config.JetStream.ForPartition)", j.cfg.Stream, j.cfg.Partitions)
+	}
+	info, err := j.consumerInfo(ctx, j.cfg.Consumer)
 	if err != nil {
 		return Settlement{}, err
 	}
