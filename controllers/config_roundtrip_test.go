@@ -79,6 +79,8 @@ var oneOf = map[reflect.Type][]string{
 	reflect.TypeFor[messagingv1alpha1.IDSpec]():        {"Header", "JSONPath", "BrokerNative"},
 	reflect.TypeFor[messagingv1alpha1.FieldSpec]():     {"Header", "JSONPath"},
 	reflect.TypeFor[messagingv1alpha1.RetentionSpec](): {"Window", "MaxConsumerOutage"},
+	// partitions derives each partition's filter: no filterSubject beside it.
+	reflect.TypeFor[messagingv1alpha1.NATSJetStreamSource](): {"Partitions", "FilterSubject"},
 }
 
 // leafTypes are filled whole, not field by field (core/v1 types, and the
