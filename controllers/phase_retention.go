@@ -117,7 +117,11 @@ func (r *Reconciler) keepRetention(ctx context.Context, s *scope, deriveErr erro
 	if current != nil {
 		kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
 	}
-	s.obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %s; %s", errtext.Of(deriveErr), kept))
+	if errors.Is(deriveErr, retention.ErrNotPartitioned) {
+		s.obs.retention = failed(messagingv1alpha1.ReasonStreamNotPartitioned, fmt.Sprintf("the stream cannot be consumed in partitions: %s; %s", errtext.Of(deriveErr), kept))
+	} else {
+		s.obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %s; %s", errtext.Of(deriveErr), kept))
+	}
 	if current == nil {
 		return 0
 	}

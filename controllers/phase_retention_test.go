@@ -2,8 +2,12 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/utils/ptr"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
@@ -62,5 +66,23 @@ func TestUnboundedReplayReadAgainWritesNothing(t *testing.T) {
 	}
 	if p, _ := h.counts(); p != patches {
 		t.Fatalf("a second read of the same unbounded broker wrote %d status patches, want none", p-patches)
+	}
+}
+
+// A stream that does not partition its subjects as partitions says: the
+// retention condition names it (not an unreachable broker), with the
+// runtime's actionable text, and the reading is retried at --recheck-period.
+func TestStreamNotPartitionedIsNamed(t *testing.T) {
+	idc := unitConsumer()
+	idc.Spec.Source.NATSJetStream.Partitions = ptr.To(int32(4))
+	h := newHarness(t, idc)
+	h.broker.err = fmt.Errorf("%w: %w: JetStream stream ORDERS has no subject transform; add one, e.g. nats stream edit ORDERS ...", retention.ErrSourceNotFound, retention.ErrNotPartitioned)
+	got, next := h.pass()
+	cond := meta.FindStatusCondition(got.Status.Conditions, messagingv1alpha1.ConditionRetentionResolved)
+	if cond == nil || cond.Reason != messagingv1alpha1.ReasonStreamNotPartitioned || !strings.Contains(cond.Message, "nats stream edit ORDERS") {
+		t.Fatalf("RetentionResolved %+v, want reason StreamNotPartitioned with what to run", cond)
+	}
+	if next > DefaultRecheckPeriod {
+		t.Fatalf("next pass in %s, want within --recheck-period %s", next, DefaultRecheckPeriod)
 	}
 }

@@ -60,9 +60,13 @@ const (
 	ReasonExplicit          = "Explicit"
 	ReasonUnboundedReplay   = "UnboundedReplay"
 	ReasonBrokerUnreachable = "BrokerUnreachable"
-	ReasonWaitingForInbox   = "WaitingForInbox"
-	ReasonWaitingForWindow  = "WaitingForRetention"
-	ReasonInvalidSpec       = "InvalidSpec"
+	// ReasonStreamNotPartitioned: natsJetStream.partitions is set and the
+	// stream does not partition its subjects that way (or the server is
+	// older than 2.10); the message says what to change.
+	ReasonStreamNotPartitioned = "StreamNotPartitioned"
+	ReasonWaitingForInbox      = "WaitingForInbox"
+	ReasonWaitingForWindow     = "WaitingForRetention"
+	ReasonInvalidSpec          = "InvalidSpec"
 	// ReasonInboxRetained (InboxReady=False, with a Warning event): a
 	// deletion with deletionPolicy Delete left the inbox tables in place
 	// because they could not be dropped (the spec no longer renders, the

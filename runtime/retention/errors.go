@@ -19,7 +19,24 @@ var (
 	// the config names does not exist. Callers keep the window they have.
 	ErrSourceNotFound = errors.New("source not found on the broker")
 
+	// ErrNotPartitioned: natsJetStream.partitions is set but the stream
+	// does not partition its subjects that way (no {{partition(N,...)}}
+	// transform, another N, or a server older than 2.10). It is also
+	// ErrSourceNotFound: callers keep the window they have.
+	ErrNotPartitioned = errors.New("the stream is not partitioned as natsJetStream.partitions says")
+
 	// ErrInvalidSpec: the retention settings cannot be used (negative
 	// durations, Explicit mode without a window, an unknown mode).
 	ErrInvalidSpec = errors.New("invalid retention settings")
 )
+
+// notPartitioned is an ErrNotPartitioned (and ErrSourceNotFound) whose
+// text is its cause's: the actionable message of PartitionFilter or
+// PartitionsSupported.
+type notPartitioned struct{ error }
+
+func (e notPartitioned) Is(target error) bool {
+	return target == ErrNotPartitioned || target == ErrSourceNotFound
+}
+
+func (e notPartitioned) Unwrap() error { return e.error }

@@ -73,10 +73,10 @@ func (j *jetStreamSession) checkStream(st jetstream.StreamConfig) error {
 		return nil
 	}
 	if err := PartitionsSupported(j.nc.ConnectedServerVersion()); err != nil {
-		return fmt.Errorf("%w: JetStream stream %s: %w", ErrSourceNotFound, j.cfg.Stream, err)
+		return notPartitioned{fmt.Errorf("JetStream stream %s: %w", j.cfg.Stream, err)}
 	}
 	if _, err := PartitionFilter(st, j.cfg.Partitions, 0); err != nil {
-		return fmt.Errorf("%w: %w", ErrSourceNotFound, err)
+		return notPartitioned{err}
 	}
 	j.checked = true
 	return nil

@@ -180,8 +180,8 @@ func TestReadPartitionedJetStreamMismatch(t *testing.T) {
 			if mode == ModeDerived {
 				check = err
 			}
-			if !errors.Is(check, ErrSourceNotFound) {
-				t.Errorf("%s, stream in %d: %v (lag %v), want ErrSourceNotFound", mode, tc.streamPartitions, err, r.LagErr)
+			if !errors.Is(check, ErrSourceNotFound) || !errors.Is(check, ErrNotPartitioned) {
+				t.Errorf("%s, stream in %d: %v (lag %v), want ErrSourceNotFound and ErrNotPartitioned", mode, tc.streamPartitions, err, r.LagErr)
 				continue
 			}
 			for _, w := range tc.want {
