@@ -57,13 +57,13 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 	j := idc.Spec.Source.NATSJetStream
 	j.URL, j.Stream, j.Consumer = localcluster.PodNATSURL, stream, name
 	idc.Spec.Sink.Postgres.ConnectionSecretRef.Name = name + "-db"
-	// Small batches, one lane and a CPU limit: a partition drains the
-	// backlog slowly enough for KEDA to add a replica to it.
+	// Small batches, one lane and a tight CPU limit: a partition drains
+	// the backlog slowly enough for KEDA to add a replica to it.
 	idc.Spec.Delivery = messagingv1alpha1.DeliverySpec{BatchSize: 50, InFlight: 1}
 	idc.Spec.Runtime.Replicas = nil
 	idc.Spec.Runtime.Resources = corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m")},
-		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("150m")}}
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("20m")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("60m")}}
 	idc.Spec.Runtime.Autoscaling = &messagingv1alpha1.AutoscalingSpec{
 		MinReplicas: ptr.To(int32(2)), MaxReplicas: 3, LagPerReplica: ptr.To(int64(300)), PollingInterval: "2s", CooldownPeriod: "10s",
 		ScaleDownStabilization: "10s", NATSAccount: "$G", NATSMonitoringURL: fmt.Sprintf("http://%s:%d", localcluster.BridgeIP, scaleMonitorPort),
@@ -92,14 +92,17 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 		t.Fatalf("creating the partitioned stream %s: %v", stream, err)
 	}
 	s.parent.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
+	// The whole workload waits in the stream before the resource exists:
+	// each partition's durable starts with a backlog of its share.
+	w := localcluster.NewWorkload(3000, 5, 0.1, 36)
+	w.KeyedSubjects = true
+	stats, err := w.Publish(ctx, js, subject, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := s.c.Client.Create(ctx, localcluster.OrdersSecret(idc, localcluster.PodDSN(dsn))); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.c.Client.Create(ctx, idc); err != nil {
-		t.Fatalf("applying the partitioned sample: %v", err)
-	}
-	s.parent.Cleanup(func() { _ = s.c.Client.Delete(context.Background(), idc) })
-	s.waitReady(ctx, t, idc, partitions*2)
 
 	// Every partition's Deployment and max replicas while the backlog
 	// drains; row-lock waits in the sink database, sampled.
@@ -142,17 +145,17 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 		}
 	}()
 
-	w := localcluster.NewWorkload(3000, 5, 0.1, 36)
-	w.KeyedSubjects = true
-	stats, err := w.Publish(ctx, js, subject, nil)
-	if err != nil {
-		t.Fatal(err)
+	if err := s.c.Client.Create(ctx, idc); err != nil {
+		t.Fatalf("applying the partitioned sample: %v", err)
 	}
+	s.parent.Cleanup(func() { _ = s.c.Client.Delete(context.Background(), idc) })
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for i := range partitions {
+		// A durable that does not exist yet is polled until it does.
 		if _, err := localcluster.WaitDrained(dctx, js, stream, config.PartitionConsumer(name, i), nil); err != nil {
-			t.Fatalf("partition %d: %v", i, err)
+			pods, _ := s.c.ConsumerPods(ctx, idc)
+			t.Fatalf("partition %d: %v\npods:%s", i, err, localcluster.DescribePods(pods))
 		}
 	}
 	stopSampling()
@@ -185,6 +188,9 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 		if err := s.c.Client.Get(ctx, client.ObjectKeyFromObject(idc), &got); err != nil {
 			return err
 		}
+		if ready := localcluster.Condition(&got, messagingv1alpha1.ConditionReady); !strings.HasPrefix(ready, "True") {
+			return fmt.Errorf("Ready is %s after the drain", ready)
+		}
 		if len(got.Status.Partitions) != partitions {
 			return fmt.Errorf("status.partitions %+v, want %d", got.Status.Partitions, partitions)
 		}
@@ -198,7 +204,13 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("status.partitions: %+v", got.Status.Partitions)
-	out2, _ := s.c.KubectlCmd(ctx, "idc", "status", name, "-n", testNamespace)
-	t.Logf("kubectl idc status:\n%s", out2)
+	status := s.pluginOK(ctx, t, "status", name)
+	for i := range partitions {
+		if !strings.Contains(status, config.PartitionConsumer(name, i)) {
+			t.Errorf("kubectl idc status does not list partition %d's consumer %s", i, config.PartitionConsumer(name, i))
+		}
+	}
+	if !strings.Contains(status, "Partitions:") {
+		t.Errorf("kubectl idc status has no Partitions table")
+	}
 }
