@@ -79,6 +79,12 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 			_ = localcluster.DropDatabase(context.Background(), db)
 		}
 	})
+	// A slow effect (4 ms per row, in the projection's own trigger): the
+	// runtime drains this workload in seconds otherwise, before KEDA's
+	// poll and the HPA's sync have seen the backlog.
+	if err := slowProjection(ctx, dsn, idc.Spec.Sink.Schema(), string(idc.Spec.Sink.Effect.Upsert.Table), 4*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
 	nc, js, err := localcluster.ConnectJetStream()
 	if err != nil {
 		t.Fatal(err)
@@ -213,4 +219,24 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 	if !strings.Contains(status, "Partitions:") {
 		t.Errorf("kubectl idc status has no Partitions table")
 	}
+}
+
+// slowProjection makes every row written to schema.table take d (a BEFORE
+// INSERT trigger, which an upsert fires for each row it proposes).
+func slowProjection(ctx context.Context, dsn, schema, table string, d time.Duration) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	fn := pgx.Identifier{schema, "idc_e2e_slow_row"}.Sanitize()
+	for _, q := range []string{
+		fmt.Sprintf("CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(%g); RETURN NEW; END $$", fn, d.Seconds()),
+		fmt.Sprintf("CREATE TRIGGER idc_e2e_slow_row BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()", pgx.Identifier{schema, table}.Sanitize(), fn),
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
 }
