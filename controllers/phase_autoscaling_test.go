@@ -30,7 +30,7 @@ import (
 func TestAutoscaledJetStreamConsumerSizedForMaxReplicas(t *testing.T) {
 	nc, err := nats.Connect(natsURL, nats.Timeout(5*time.Second))
 	if err != nil {
-		t.Fatalf("NATS with JetStream must run on 127.0.0.1:4222 (make services): %v", err)
+		t.Fatalf("NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

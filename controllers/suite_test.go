@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -29,19 +30,29 @@ import (
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
 	"github.com/idempotency-dev/idc-operator/controllers/sinkdb"
+	"github.com/idempotency-dev/idc-operator/internal/natstest"
 	"github.com/idempotency-dev/idc-operator/internal/testenv"
 )
 
 // The controller suite runs the real manager against a real kube-apiserver
-// and etcd (envtest), the real PostgreSQL and the real NATS JetStream on
-// loopback. Assertions read through a direct client, not the manager's cache.
-// There is no kube-controller-manager in envtest, so tests play the
-// Deployment controller by writing Deployment status themselves.
+// and etcd (envtest), the real PostgreSQL and a real NATS JetStream on
+// loopback (TestMain: the built nats-server 2.15.3 the suite starts itself,
+// or with IDC_TEST_NATS=system the machine's 2.9.10). Assertions read
+// through a direct client, not the manager's cache. There is no
+// kube-controller-manager in envtest, so tests play the Deployment
+// controller by writing Deployment status themselves.
 
-const (
-	adminDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	natsURL  = "nats://127.0.0.1:4222"
-)
+const adminDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// natsURL is the NATS JetStream server of the run (TestMain).
+var natsURL string
+
+// TestMain starts the suite's NATS server: the current nats-server unless
+// IDC_TEST_NATS picks the machine's (internal/natstest). The Ginkgo specs
+// (TestControllers) and the plain tests share it.
+func TestMain(m *testing.M) {
+	os.Exit(natstest.MainOne(m, "controllers", &natsURL))
+}
 
 var (
 	env       *envtest.Environment
@@ -147,7 +158,7 @@ var _ = BeforeSuite(func() {
 
 	var err error
 	nc, err = nats.Connect(natsURL)
-	Expect(err).NotTo(HaveOccurred(), "NATS with JetStream must run on 127.0.0.1:4222 (make services)")
+	Expect(err).NotTo(HaveOccurred(), "NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services)", natsURL)
 	js, err = jetstream.New(nc)
 	Expect(err).NotTo(HaveOccurred())
 

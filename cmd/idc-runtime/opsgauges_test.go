@@ -59,7 +59,7 @@ func TestLagGauge(t *testing.T) {
 				time.Sleep(250 * time.Millisecond)
 			}
 			// A read that fails keeps the last value.
-			cfg.Source = config.Source{NATSJetStream: &config.JetStream{URL: "nats://127.0.0.1:4222", Stream: "IDC_NO_SUCH_STREAM", Consumer: "c"}}
+			cfg.Source = config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: "IDC_NO_SUCH_STREAM", Consumer: "c"}}
 			g.readLag(ctx, cfg, logr.Discard())
 			if got := testutil.ToFloat64(g.lag); got != lagPublished {
 				t.Fatalf("after a failed read idc_source_lag_messages = %v, want the last value %d", got, lagPublished)
@@ -69,9 +69,9 @@ func TestLagGauge(t *testing.T) {
 }
 
 func jetStreamWith500(t *testing.T, ctx context.Context) config.Source {
-	nc, err := nats.Connect("nats://127.0.0.1:4222")
+	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		t.Fatalf("NATS JetStream is required for this test: %v", err)
+		t.Fatalf("NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -91,7 +91,7 @@ func jetStreamWith500(t *testing.T, ctx context.Context) config.Source {
 			t.Fatal(err)
 		}
 	}
-	return config.Source{NATSJetStream: &config.JetStream{URL: "nats://127.0.0.1:4222", Stream: name, Consumer: "projector"}}
+	return config.Source{NATSJetStream: &config.JetStream{URL: natsURL, Stream: name, Consumer: "projector"}}
 }
 
 func kafkaWith500(t *testing.T, ctx context.Context) config.Source {

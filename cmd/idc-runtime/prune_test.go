@@ -22,10 +22,7 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/inbox"
 )
 
-const (
-	natsURL = "nats://127.0.0.1:4222"
-	dsnEnv  = "IDC_TEST_RUNTIME_DSN"
-)
+const dsnEnv = "IDC_TEST_RUNTIME_DSN"
 
 // pruneFixture is a database with a migrated inbox and a config file.
 type pruneFixture struct {
@@ -80,7 +77,7 @@ func createStream(t *testing.T, maxAge time.Duration) string {
 	t.Helper()
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		t.Fatalf("NATS at %s is required for this test: %v", natsURL, err)
+		t.Fatalf("NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

@@ -33,9 +33,9 @@ func TestRelayDeadLettersRejectedEvent(t *testing.T) {
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect("nats://127.0.0.1:4222")
+	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		t.Fatalf("NATS is required: %v", err)
+		t.Fatalf("NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	defer nc.Close()
 	huge := bytes.Repeat([]byte("x"), int(nc.MaxPayload())+1)
@@ -53,7 +53,7 @@ func TestRelayDeadLettersRejectedEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = js.DeleteStream(context.Background(), name) }()
-	pub, err := NewJetStreamPublisher(&config.EmitJetStream{URL: "nats://127.0.0.1:4222", Subject: name + ".out"})
+	pub, err := NewJetStreamPublisher(&config.EmitJetStream{URL: natsURL, Subject: name + ".out"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,9 +51,9 @@ func benchDrain(b *testing.B, workers, rows int) {
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return store.WriteOutbox(ctx, tx, out) }); err != nil {
 		b.Fatal(err)
 	}
-	nc, err := nats.Connect("nats://127.0.0.1:4222")
+	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		b.Fatalf("NATS is required: %v", err)
+		b.Fatalf("NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
@@ -62,7 +62,7 @@ func benchDrain(b *testing.B, workers, rows int) {
 		b.Fatal(err)
 	}
 	defer func() { _ = js.DeleteStream(context.Background(), name) }()
-	pub, err := NewJetStreamPublisher(&config.EmitJetStream{URL: "nats://127.0.0.1:4222", Subject: name + ".out"})
+	pub, err := NewJetStreamPublisher(&config.EmitJetStream{URL: natsURL, Subject: name + ".out"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,13 +12,16 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
-const natsURL = "nats://127.0.0.1:4222"
+// natsURL is the NATS JetStream server of the run (TestMain): the built
+// nats-server 2.15.3 the package starts itself, or with IDC_TEST_NATS=system
+// the machine's (Debian's 2.9.10 on 127.0.0.1:4222).
+var natsURL string
 
 func natsJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		t.Fatalf("NATS is not reachable at %s (start it with `make services`): %v", natsURL, err)
+		t.Fatalf("NATS is not reachable at %s (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)

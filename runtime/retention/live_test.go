@@ -1,10 +1,13 @@
 package retention
 
-// Live tests against the services this machine runs on loopback: NATS
-// JetStream (127.0.0.1:4222), RabbitMQ (127.0.0.1:5672, management API on
-// 15672, guest/guest) and Redis (127.0.0.1:6379). They fail, never skip,
-// when a service is down (start them with `make services`). Kafka has no
-// server here: kafka_test.go uses franz-go's in-process kfake cluster.
+// Live tests against real brokers: NATS JetStream (the built nats-server
+// 2.15.3 that TestMain starts on its own loopback port, or with
+// IDC_TEST_NATS=system the machine's 2.9.10 on 127.0.0.1:4222), and the
+// services this machine runs on loopback: RabbitMQ (127.0.0.1:5672,
+// management API on 15672, guest/guest) and Redis (127.0.0.1:6379). They
+// fail, never skip, when a service is down (start them with `make
+// services`; the nats-server is built by `make nats`). Kafka has no server
+// here: kafka_test.go uses franz-go's in-process kfake cluster.
 
 import (
 	"context"

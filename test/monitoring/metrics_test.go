@@ -30,8 +30,6 @@ import (
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 )
 
-const natsURL = "nats://127.0.0.1:4222"
-
 // TestNamedMetricsAreExported runs the real idc-runtime against JetStream
 // and each sink database (PostgreSQL, MariaDB), scrapes its /metrics and
 // fails for every idc_ metric an alert or the dashboard names that the
@@ -290,7 +288,7 @@ func newStream(t *testing.T) string {
 	t.Helper()
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		t.Fatalf("NATS JetStream at %s is required for this test: %v", natsURL, err)
+		t.Fatalf("NATS JetStream at %s is required (make nats; with IDC_TEST_NATS=system, make services): %v", natsURL, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
