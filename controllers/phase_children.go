@@ -58,6 +58,29 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 		}
 	}
 
+	st, partitions, err := r.observeWorkloads(ctx, s, workloads, deps)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	idc.Status.Runtime = st
+	idc.Status.Partitions = partitions
+	if autoscaled(idc) == nil {
+		s.setScale(s.liveReplicas, scaleReasonDeclared(idc, s.obs.effect.ok))
+	}
+	if !s.obs.effect.ok && !idc.Spec.Suspend {
+		s.obs.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect,
+			fmt.Sprintf("the Deployment is held at 0 replicas until EffectReady is True (%s)", s.obs.effect.reason))
+	}
+	s.obs.prune = pruneOutcome(idc, s.window)
+	return ctrl.Result{}, nil
+}
+
+// observeWorkloads reads the Deployments back: the runtime status adds up
+// the workloads (s.liveReplicas too), s.obs.runtime is the first workload
+// that is not available (or all of them), and a partitioned resource gets
+// each partition's status.
+func (r *Reconciler) observeWorkloads(ctx context.Context, s *scope, workloads []specs.Workload, deps []*appsv1.Deployment) (*messagingv1alpha1.RuntimeStatus, []messagingv1alpha1.PartitionStatus, error) {
+	idc := s.idc
 	// The cache may not have seen a Deployment created a moment ago; the
 	// Owns watch brings us back when it does.
 	st := &messagingv1alpha1.RuntimeStatus{Selector: specs.Selector(idc)}
@@ -66,11 +89,10 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 	}
 	s.liveReplicas = 0
 	var partitions []messagingv1alpha1.PartitionStatus
-	s.obs.runtime = outcome{}
 	for i, dep := range deps {
 		var live appsv1.Deployment
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(dep), &live); client.IgnoreNotFound(err) != nil {
-			return ctrl.Result{}, fmt.Errorf("reading the Deployment %s back: %w", dep.Name, err)
+			return nil, nil, fmt.Errorf("reading the Deployment %s back: %w", dep.Name, err)
 		}
 		st.Replicas += live.Status.Replicas
 		st.ReadyReplicas += live.Status.ReadyReplicas
@@ -96,19 +118,9 @@ func (r *Reconciler) childrenPhase(ctx context.Context, s *scope) (ctrl.Result, 
 		}
 	}
 	if len(partitions) > 0 && s.obs.runtime.ok && !idc.Spec.Suspend {
-		s.obs.runtime.message = fmt.Sprintf("%d partitions, %d/%d replicas ready", len(partitions), st.ReadyReplicas, s.liveReplicas)
+		s.obs.runtime.message = fmt.Sprintf("%d partitions, %d/%d replicas ready", len(partitions), st.ReadyReplicas, st.Replicas)
 	}
-	idc.Status.Runtime = st
-	idc.Status.Partitions = partitions
-	if autoscaled(idc) == nil {
-		s.setScale(s.liveReplicas, scaleReasonDeclared(idc, s.obs.effect.ok))
-	}
-	if !s.obs.effect.ok && !idc.Spec.Suspend {
-		s.obs.runtime = failed(messagingv1alpha1.ReasonWaitingForEffect,
-			fmt.Sprintf("the Deployment is held at 0 replicas until EffectReady is True (%s)", s.obs.effect.reason))
-	}
-	s.obs.prune = pruneOutcome(idc, s.window)
-	return ctrl.Result{}, nil
+	return st, partitions, nil
 }
 
 // observePartitionLag is partition i's status lag after the pass: the
