@@ -131,6 +131,17 @@ func openSinkInbox(ctx context.Context, cfg *config.Config, log logr.Logger) (si
 	return db, store, true, nil
 }
 
+// applicationName is what the runtime's sessions show in
+// pg_stat_activity: "idc-runtime", and a partition's replicas "idc-runtime
+// p<i>", so a lock wait between partitions can be told from one inside a
+// partition.
+func applicationName(cfg *config.Config) string {
+	if j := cfg.Source.NATSJetStream; j != nil && j.OnePartition {
+		return fmt.Sprintf("idc-runtime p%d", j.PartitionIndex)
+	}
+	return "idc-runtime"
+}
+
 // newPool builds the PostgreSQL pool from the DSN in the environment
 // variable the config names. It does not connect.
 func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
@@ -145,7 +156,7 @@ func newPool(cfg *config.Config) (*pgxpool.Pool, error) {
 		return nil, withCode(exitUsage, fmt.Errorf("environment variable %s does not hold a valid PostgreSQL connection string", name))
 	}
 	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
-		pc.ConnConfig.RuntimeParams["application_name"] = "idc-runtime"
+		pc.ConnConfig.RuntimeParams["application_name"] = applicationName(cfg)
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		pc.MaxConns = max(pc.MaxConns, int32(sinkConns(cfg)))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -42,10 +43,14 @@ func TestSelectPartition(t *testing.T) {
 		}
 		j := cfg.Source.NATSJetStream
 		if tc.partitions == 0 {
-			if j.Consumer != "idc" || j.OnePartition {
-				t.Errorf("unpartitioned config changed: %+v", j)
+			if j.Consumer != "idc" || j.OnePartition || applicationName(cfg) != "idc-runtime" {
+				t.Errorf("unpartitioned config changed: %+v (application_name %q)", j, applicationName(cfg))
 			}
 			continue
+		}
+		// Its sessions say which partition they serve in pg_stat_activity.
+		if got, want := applicationName(cfg), fmt.Sprintf("idc-runtime p%d", tc.i); got != want {
+			t.Errorf("partition %d: application_name %q, want %q", tc.i, got, want)
 		}
 		// The replica reads, and records in its progress row, its
 		// partition's durable.
