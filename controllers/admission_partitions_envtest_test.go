@@ -39,14 +39,15 @@ var _ = Describe("admission of natsJetStream.partitions", func() {
 		Expect(err.Error()).To(ContainSubstring("filterSubject cannot be set with partitions"))
 	})
 
-	// updated is the update of the stored idc changed by mutate, as a dry
-	// run on the latest version (the manager adds its finalizer meanwhile).
+	// updated is the stored idc changed by mutate, as a dry-run merge patch
+	// (no resourceVersion: the manager writes the resource meanwhile).
 	updated := func(idc *messagingv1alpha1.IdempotentConsumer, mutate func(*messagingv1alpha1.NATSJetStreamSource)) error {
 		GinkgoHelper()
 		latest := &messagingv1alpha1.IdempotentConsumer{}
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(idc), latest)).To(Succeed())
-		mutate(latest.Spec.Source.NATSJetStream)
-		return k8sClient.Update(ctx, latest, client.DryRunAll)
+		changed := latest.DeepCopy()
+		mutate(changed.Spec.Source.NATSJetStream)
+		return k8sClient.Patch(ctx, changed, client.MergeFrom(latest), client.DryRunAll)
 	}
 
 	It("keeps the count and its presence as created", func() {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
+
 	"github.com/idempotency-dev/idc-operator/runtime/config"
 	"github.com/idempotency-dev/idc-operator/runtime/retention"
 )
@@ -81,19 +83,28 @@ func (b *brokerReading) failedRead() bool {
 
 // rechecked says the reading is read again within --recheck-period, not
 // --retention-period: the broker could not be read, or the consumer does
-// not exist yet (autoscaling from 0 waits for it: autoscalingPhase).
-func (b *brokerReading) rechecked() bool {
-	return b.failedRead() || b.reading.ConsumerMissing
+// not exist yet and awaiting says autoscaling from 0 waits for it
+// (autoscalingPhase holds minReplicas at 1 meanwhile).
+func (b *brokerReading) rechecked(awaiting bool) bool {
+	return b.failedRead() || (awaiting && b.reading.ConsumerMissing)
 }
 
-func (b *brokerReading) ttl(period, recheck time.Duration) time.Duration {
-	if b.rechecked() {
+func (b *brokerReading) ttl(period, recheck time.Duration, awaiting bool) time.Duration {
+	if b.rechecked(awaiting) {
 		return min(period, recheck)
 	}
 	return period
 }
 
 // dueIn is how long until the reading is stale.
-func (b *brokerReading) dueIn(now time.Time, period, recheck time.Duration) time.Duration {
-	return b.at.Add(b.ttl(period, recheck)).Sub(now)
+func (b *brokerReading) dueIn(now time.Time, period, recheck time.Duration, awaiting bool) time.Duration {
+	return b.at.Add(b.ttl(period, recheck, awaiting)).Sub(now)
+}
+
+// awaitsConsumer says the resource scales from 0 under KEDA, whose scaler
+// reads the lag from the broker's consumer: while that does not exist the
+// reading is rechecked (brokerReading.rechecked).
+func awaitsConsumer(idc *messagingv1alpha1.IdempotentConsumer) bool {
+	a := autoscaled(idc)
+	return a != nil && a.MinReplicasOrDefault() == 0
 }

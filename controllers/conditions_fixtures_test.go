@@ -160,6 +160,13 @@ func fixtureScenarios() []fixtureScenario {
 		{name: "stalled-conflict", obs: &observation{
 			stalled: failed(messagingv1alpha1.ReasonConflict, "inbox table projections.inbox_orders_projector is already used by IdempotentConsumer default/orders-projector-old"),
 		}},
+		{name: "stalled-stream-not-partitioned", obs: func() *observation {
+			msg := "the stream cannot be consumed in partitions: JetStream stream ORDERS has no subject transform (partitions: 4 needs a subject transform whose destination holds {{partition(4,...)}}); add one, e.g. nats stream edit ORDERS --transform-source 'orders.*' --transform-destination 'orders.{{partition(4,1)}}.{{wildcard(1)}}'; keeping the last window 49h"
+			o := ready(nil)
+			o.retention = failed(messagingv1alpha1.ReasonStreamNotPartitioned, msg)
+			o.stalled = failed(messagingv1alpha1.ReasonStreamNotPartitioned, msg)
+			return o
+		}()},
 		{name: "stalled-unbounded-replay", obs: func() *observation {
 			msg := "the broker can replay without bound (stream ORDERS max_age=0 (unlimited)); set spec.retention.maxReplayAge to bound it. Pruning is suspended and nothing is deleted meanwhile"
 			o := ready(nil)

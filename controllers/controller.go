@@ -188,14 +188,14 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 
 // requeue is the earliest of what the phases asked for and the next broker
 // read, jittered so that many resources do not read at once. A broker that
-// could not be read, or has no consumer yet, is read again within the
-// re-check period.
+// could not be read, or has no consumer yet for a resource that scales from
+// 0, is read again within the re-check period.
 func (r *Reconciler) requeue(s *scope, res ctrl.Result) ctrl.Result {
 	next := r.opts.RetentionPeriod
 	if s.reading != nil {
-		next = max(s.reading.dueIn(r.opts.Clock.Now(), r.opts.RetentionPeriod, r.opts.RecheckPeriod), time.Second)
+		next = max(s.reading.dueIn(r.opts.Clock.Now(), r.opts.RetentionPeriod, r.opts.RecheckPeriod, awaitsConsumer(s.idc)), time.Second)
 	}
-	if s.reading == nil || !s.reading.rechecked() {
+	if s.reading == nil || !s.reading.rechecked(awaitsConsumer(s.idc)) {
 		next += time.Duration(rand.Float64() * 0.1 * float64(r.opts.RetentionPeriod))
 	}
 	if res.RequeueAfter > 0 && res.RequeueAfter < next {

@@ -33,7 +33,7 @@ func readingKey(s *scope) string {
 func (r *Reconciler) brokerPhase(ctx context.Context, s *scope) (ctrl.Result, error) {
 	now := r.opts.Clock.Now()
 	key := readingKey(s)
-	if last := r.memory.reading(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod) > 0 {
+	if last := r.memory.reading(s.key); last != nil && last.key == key && last.dueIn(now, r.opts.RetentionPeriod, r.opts.RecheckPeriod, awaitsConsumer(s.idc)) > 0 {
 		s.reading = last
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, brokerTimeout)

@@ -118,7 +118,12 @@ func (r *Reconciler) keepRetention(ctx context.Context, s *scope, deriveErr erro
 		kept = "keeping the last window " + retention.FormatDuration(current.InForce.Window)
 	}
 	if errors.Is(deriveErr, retention.ErrNotPartitioned) {
-		s.obs.retention = failed(messagingv1alpha1.ReasonStreamNotPartitioned, fmt.Sprintf("the stream cannot be consumed in partitions: %s; %s", errtext.Of(deriveErr), kept))
+		msg := fmt.Sprintf("the stream cannot be consumed in partitions: %s; %s", errtext.Of(deriveErr), kept)
+		s.obs.retention = failed(messagingv1alpha1.ReasonStreamNotPartitioned, msg)
+		// The stream's owner must act; the runtime refuses to bind meanwhile.
+		if !s.obs.stalled.reached {
+			s.obs.stalled = failed(messagingv1alpha1.ReasonStreamNotPartitioned, msg)
+		}
 	} else {
 		s.obs.retention = failed(messagingv1alpha1.ReasonBrokerUnreachable, fmt.Sprintf("cannot read retention settings from the broker: %s; %s", errtext.Of(deriveErr), kept))
 	}

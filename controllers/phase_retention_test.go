@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	messagingv1alpha1 "github.com/idempotency-dev/idc-operator/api/v1alpha1"
@@ -84,5 +85,8 @@ func TestStreamNotPartitionedIsNamed(t *testing.T) {
 	}
 	if next > DefaultRecheckPeriod {
 		t.Fatalf("next pass in %s, want within --recheck-period %s", next, DefaultRecheckPeriod)
+	}
+	if st := meta.FindStatusCondition(got.Status.Conditions, messagingv1alpha1.ConditionStalled); st == nil || st.Status != metav1.ConditionTrue || st.Reason != messagingv1alpha1.ReasonStreamNotPartitioned {
+		t.Fatalf("Stalled %+v, want True/StreamNotPartitioned: the stream's owner must act", st)
 	}
 }
