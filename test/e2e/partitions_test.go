@@ -126,14 +126,16 @@ func (s *suite) jetStreamPartitions(ctx context.Context, t *testing.T) {
 		}
 		defer func() { _ = conn.Close(context.Background()) }()
 		for sctx.Err() == nil {
-			// Every lock wait, and those whose blocker serves another
-			// partition (the runtime's application_name is
-			// "idc-runtime p<i>").
+			// Every row-lock wait (on another transaction or a tuple; not
+			// a relation's extension lock, which every writer of a table
+			// shares), and those whose blocker serves another partition
+			// (the runtime's application_name is "idc-runtime p<i>").
 			var waiting, across int
 			err := conn.QueryRow(sctx, `SELECT count(*), count(*) FILTER (WHERE EXISTS (
 				SELECT 1 FROM unnest(pg_blocking_pids(w.pid)) b JOIN pg_stat_activity h ON h.pid = b
 				WHERE h.application_name LIKE 'idc-runtime p%' AND h.application_name <> w.application_name))
-				FROM pg_stat_activity w WHERE w.datname = current_database() AND w.wait_event_type = 'Lock'`).Scan(&waiting, &across)
+				FROM pg_stat_activity w WHERE w.datname = current_database() AND w.wait_event_type = 'Lock'
+				AND w.wait_event IN ('transactionid', 'tuple')`).Scan(&waiting, &across)
 			for i := range partitions {
 				var d appsv1.Deployment
 				if s.c.Client.Get(sctx, client.ObjectKey{Namespace: testNamespace, Name: fmt.Sprintf("%s-p%d", name, i)}, &d) == nil {
