@@ -87,6 +87,14 @@ func freeAddr(t *testing.T) string {
 // test's environment (which holds the DSN variable).
 func startBinary(t *testing.T, bin string, cfg *config.Config, env ...string) *process {
 	t.Helper()
+	return startRun(t, bin, cfg, "idc-runtime-test-0", []string{"--log-level", "debug"}, env...)
+}
+
+// startRun runs `idc-runtime run --config FILE` and args as pod (its
+// POD_NAME) with env added to the test's environment; the process is
+// killed, and its logs shown on failure, when the test ends.
+func startRun(t *testing.T, bin string, cfg *config.Config, pod string, args []string, env ...string) *process {
+	t.Helper()
 	cfg.HealthAddr = freeAddr(t)
 	b, err := json.Marshal(cfg)
 	if err != nil {
@@ -97,8 +105,8 @@ func startBinary(t *testing.T, bin string, cfg *config.Config, env ...string) *p
 		t.Fatal(err)
 	}
 	p := &process{logs: &syncBuffer{}, base: "http://" + cfg.HealthAddr, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, "run", "--config", path, "--log-level", "debug")
-	p.cmd.Env = append(append(os.Environ(), "POD_NAME=idc-runtime-test-0"), env...)
+	p.cmd = exec.Command(bin, append([]string{"run", "--config", path}, args...)...)
+	p.cmd.Env = append(append(os.Environ(), "POD_NAME="+pod), env...)
 	p.cmd.Stdout = p.logs
 	p.cmd.Stderr = p.logs
 	if err := p.cmd.Start(); err != nil {
@@ -117,7 +125,7 @@ func startBinary(t *testing.T, bin string, cfg *config.Config, env ...string) *p
 			<-p.exited
 		}
 		if t.Failed() {
-			t.Logf("idc-runtime logs:\n%s", p.logs.String())
+			t.Logf("idc-runtime %s logs:\n%s", pod, p.logs.String())
 		}
 	})
 	return p

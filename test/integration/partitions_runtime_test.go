@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,43 +22,11 @@ import (
 // without the flag) as pod name, like startBinary.
 func startPartition(t *testing.T, bin string, cfg *config.Config, i int, pod string) *process {
 	t.Helper()
-	cfg.HealthAddr = freeAddr(t)
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "config.json")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"run", "--config", path}
+	var args []string
 	if i >= 0 {
 		args = append(args, fmt.Sprintf("--partition=%d", i))
 	}
-	p := &process{logs: &syncBuffer{}, base: "http://" + cfg.HealthAddr, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), "POD_NAME="+pod)
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		p.state = p.cmd.ProcessState
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("idc-runtime %s logs:\n%s", pod, p.logs.String())
-		}
-	})
-	return p
+	return startRun(t, bin, cfg, pod, args)
 }
 
 // partitionedStream creates a stream on <subject>.* that the server
