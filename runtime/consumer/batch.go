@@ -77,17 +77,23 @@ func (c *Consumer) process(work, stop context.Context, lb laneBatch) error {
 	defer cancel()
 	ackErr := c.src.Ack(ackCtx, lb.msgs)
 	c.progress.acked(token, lb.msgs, ackErr)
+	acked := len(lb.msgs)
 	if ackErr != nil {
 		// Committed effects are safe: the broker redelivers, the inbox dedupes.
+		// The messages are not counted as settled: idc_messages_total counts
+		// what the broker took back, and these come again.
+		acked = 0
 		c.metrics.AckErrors.Inc()
 		c.log.Error(ackErr, "Ack failed after commit; the broker will redeliver, and the claims hold pruning back until the broker confirms them settled", "messages", len(lb.msgs))
 	}
-	c.record(len(lb.msgs), out, time.Since(lb.fetched))
+	c.record(acked, out, time.Since(lb.fetched))
 	return nil
 }
 
-func (c *Consumer) record(n int, out outcome, took time.Duration) {
-	c.metrics.Messages.Add(float64(n))
+// record counts a committed batch: acked is how many of its messages the
+// broker acknowledged (0 when the ack failed), the outcome is the database's.
+func (c *Consumer) record(acked int, out outcome, took time.Duration) {
+	c.metrics.Messages.Add(float64(acked))
 	c.metrics.DuplicatesSkipped.Add(float64(out.duplicates))
 	c.metrics.StaleRefused.Add(float64(out.stale))
 	c.metrics.IDConflicts.Add(float64(out.conflicts))

@@ -153,6 +153,7 @@ func (r refusingAcks) Ack(ctx context.Context, msgs []source.Message) error {
 			if _, ok := r.inflight[m.NativeID]; ok {
 				delete(r.inflight, m.NativeID)
 				r.pending = append(r.pending, m)
+				r.redelivered++
 			}
 		}
 	}
@@ -200,10 +201,21 @@ func TestDuplicatesGiveExactlyOneEffect(t *testing.T) {
 			if got := testutil.ToFloat64(m.AckErrors); got != 2 {
 				t.Errorf("idc_ack_errors_total = %v, want 2", got)
 			}
-			msgs, dups := testutil.ToFloat64(m.Messages), testutil.ToFloat64(m.DuplicatesSkipped)
-			// Redelivered batches add to both counters equally.
-			if msgs-dups != unique {
-				t.Errorf("messages %v - duplicates %v != %d unique", msgs, dups, unique)
+			msgs, dups := int(testutil.ToFloat64(m.Messages)), int(testutil.ToFloat64(m.DuplicatesSkipped))
+			// idc_messages_total counts acknowledged messages: each once,
+			// the refused batches when they came back. Those came back
+			// as duplicates of their own commit.
+			src.mu.Lock()
+			redelivered := src.redelivered
+			src.mu.Unlock()
+			if redelivered == 0 {
+				t.Fatal("no message was redelivered after a refused ack")
+			}
+			if msgs != total {
+				t.Errorf("idc_messages_total = %d, want %d (every message acknowledged once)", msgs, total)
+			}
+			if want := total - unique + redelivered; dups != want {
+				t.Errorf("idc_duplicates_skipped_total = %d, want %d (%d re-sent + %d redelivered)", dups, want, total-unique, redelivered)
 			}
 			if deadLettersTotal(t, m) != 0 {
 				t.Error("no message should have been dead-lettered")

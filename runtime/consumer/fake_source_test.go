@@ -21,6 +21,8 @@ type fakeSource struct {
 	ackErrs  int // the next ackErrs Ack calls fail (after acking nothing)
 	fetches  int
 	acks     int // Ack calls that acknowledged
+	// redelivered counts the messages refusingAcks gave back.
+	redelivered int
 }
 
 func newFakeSource(msgs []source.Message) *fakeSource {
