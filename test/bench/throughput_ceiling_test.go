@@ -139,11 +139,22 @@ func claimAndApply(ctx context.Context, db sink.DB, store sink.Inbox, eff sink.E
 	}()
 	claims := make([]inbox.Claim, len(recs))
 	for i, m := range recs {
-		claims[i] = inbox.Claim{MessageID: m.ID, PublishedAt: m.PublishedAt}
+		claims[i] = inbox.Claim{MessageID: m.ID, PublishedAt: m.PublishedAt, Fingerprint: inbox.Fingerprint(m.Body)}
 	}
 	fresh, err := store.Claim(ctx, tx, claims)
 	if err != nil {
 		return err
+	}
+	// The duplicates' fingerprints, read as the loop reads them (an id
+	// reused for another payload); the workload has none.
+	if len(fresh) < len(claims) {
+		conflicts, err := store.Conflicts(ctx, tx, claims, fresh)
+		if err != nil {
+			return err
+		}
+		if len(conflicts) != 0 {
+			return fmt.Errorf("%d id conflicts in a workload without any", len(conflicts))
+		}
 	}
 	newRecs := make([]*extract.Message, 0, len(fresh))
 	for _, m := range recs {
