@@ -54,31 +54,135 @@ type field struct {
 }
 
 // topLevel returns the payload's top-level member name (the first one when
-// a name repeats, as gjson does).
+// a name repeats, as gjson does). The payload must have passed ValidJSON.
 func (m *Message) topLevel(name string) gjson.Result {
 	if !m.indexed {
 		m.indexed = true
-		if len(m.Body) > 0 {
-			// The results point into the payload instead of copying it; a
-			// delivered payload is never modified.
-			doc := gjson.Parse(unsafe.String(unsafe.SliceData(m.Body), len(m.Body)))
-			// One allocation for a typical event (up to 8 members)
-			// instead of growing 1, 2, 4, 8.
-			m.fields = make([]field, 0, 8)
-			doc.ForEach(func(k, v gjson.Result) bool {
-				m.fields = append(m.fields, field{name: k.Str, raw: v.Raw})
-				return true
-			})
-		}
+		// The fields point into the payload instead of copying it; a
+		// delivered payload is never modified.
+		m.fields = members(unsafe.String(unsafe.SliceData(m.Body), len(m.Body)), m.fields)
 	}
 	for i := range m.fields {
 		if m.fields[i].name == name {
-			// Parsing one member's raw value again is cheaper than keeping
-			// every member's parsed result.
-			return gjson.Parse(m.fields[i].raw)
+			return resultOf(m.fields[i].raw)
 		}
 	}
 	return gjson.Result{}
+}
+
+// members appends the top-level members of the JSON object s to out (none
+// when s is not an object). s must be valid JSON (ValidJSON): the scan only
+// finds where each name and value ends, without parsing values (gjson's
+// ForEach parses every one, each number into a float64, which cost a fifth
+// of the extraction of a typical event).
+func members(s string, out []field) []field {
+	i := skipSpace(s, 0)
+	if i >= len(s) || s[i] != '{' {
+		return out
+	}
+	if out == nil {
+		// One allocation for a typical event (up to 8 members) instead
+		// of growing 1, 2, 4, 8.
+		out = make([]field, 0, 8)
+	}
+	i++
+	for {
+		i = skipSpace(s, i)
+		if i >= len(s) || s[i] == '}' {
+			return out
+		}
+		if s[i] == ',' {
+			i++
+			continue
+		}
+		end, escaped := stringEnd(s, i)
+		name := s[i+1 : end-1]
+		if escaped {
+			name = gjson.Parse(s[i:end]).Str
+		}
+		i = skipSpace(s, end)
+		i = skipSpace(s, i+1) // the ':'
+		end = valueEnd(s, i)
+		out = append(out, field{name: name, raw: s[i:end]})
+		i = end
+	}
+}
+
+func skipSpace(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index after the closing quote of the string that
+// starts at s[i] ('"'), and whether it holds an escape.
+func stringEnd(s string, i int) (int, bool) {
+	escaped := false
+	for j := i + 1; j < len(s); j++ {
+		switch s[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			return j + 1, escaped
+		}
+	}
+	return len(s), escaped
+}
+
+// valueEnd returns the index after the value that starts at s[i].
+func valueEnd(s string, i int) int {
+	switch s[i] {
+	case '"':
+		end, _ := stringEnd(s, i)
+		return end
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(s); j++ {
+			switch s[j] {
+			case '"':
+				end, _ := stringEnd(s, j)
+				j = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(s)
+	}
+	for j := i; j < len(s); j++ { // a number, true, false or null
+		switch s[j] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return j
+		}
+	}
+	return len(s)
+}
+
+// resultOf is the gjson result of one member's raw value with the fields
+// extraction reads (Type, Raw, Str), without parsing a number (Num stays 0:
+// numbers are read from Raw, exactly).
+func resultOf(raw string) gjson.Result {
+	switch raw[0] {
+	case '"':
+		if strings.IndexByte(raw, '\\') < 0 {
+			return gjson.Result{Type: gjson.String, Raw: raw, Str: raw[1 : len(raw)-1]}
+		}
+		return gjson.Parse(raw)
+	case '{', '[':
+		return gjson.Result{Type: gjson.JSON, Raw: raw}
+	case 't':
+		return gjson.Result{Type: gjson.True, Raw: raw}
+	case 'f':
+		return gjson.Result{Type: gjson.False, Raw: raw}
+	case 'n':
+		return gjson.Result{Type: gjson.Null, Raw: raw}
+	}
+	return gjson.Result{Type: gjson.Number, Raw: raw}
 }
 
 // NewMessage wraps a delivery for evaluation.
