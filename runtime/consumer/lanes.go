@@ -297,9 +297,8 @@ func (c *Consumer) split(msgs []source.Message, n int) [][]laneBatch {
 	}
 	type at struct{ lane, batch int }
 	seen := make(map[string]at, len(msgs))
-	slab := make([]extract.Message, len(msgs)) // one allocation for the fetch
+	slab := extract.NewMessages(msgs) // two allocations for the fetch
 	for i, sm := range msgs {
-		slab[i].Message = sm
 		m := &slab[i]
 		id, err := c.id.Text(m)
 		if err == nil {

@@ -81,9 +81,9 @@ func members(s string, out []field) []field {
 		return out
 	}
 	if out == nil {
-		// One allocation for a typical event (up to 8 members) instead
-		// of growing 1, 2, 4, 8.
-		out = make([]field, 0, 8)
+		// One allocation for a typical event instead of growing 1, 2,
+		// 4, 8 (NewMessages reserves this room for a whole fetch).
+		out = make([]field, 0, fieldsPerMessage)
 	}
 	i++
 	for {
@@ -187,6 +187,24 @@ func resultOf(raw string) gjson.Result {
 
 // NewMessage wraps a delivery for evaluation.
 func NewMessage(m source.Message) *Message { return &Message{Message: m} }
+
+// fieldsPerMessage is the room NewMessages reserves for each message's
+// top-level members: a typical event's, without growing.
+const fieldsPerMessage = 8
+
+// NewMessages wraps a fetch's deliveries for evaluation in two allocations
+// (the messages and room for their top-level members) instead of one or
+// two per message. A message with more members grows its own.
+func NewMessages(ms []source.Message) []Message {
+	out := make([]Message, len(ms))
+	fields := make([]field, 0, len(ms)*fieldsPerMessage)
+	for i := range ms {
+		out[i].Message = ms[i]
+		lo := i * fieldsPerMessage
+		out[i].fields = fields[lo:lo:min(lo+fieldsPerMessage, cap(fields))]
+	}
+	return out
+}
 
 // ValidJSON reports whether the payload is JSON; the scan is done once per
 // message however many expressions read it.

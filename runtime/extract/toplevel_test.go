@@ -102,3 +102,28 @@ func BenchmarkTopLevelEvent(b *testing.B) {
 		}
 	}
 }
+
+// NewMessages gives each message its own room: indexing one never
+// overwrites another's members, also past the reserved room.
+func TestNewMessagesKeepMembersApart(t *testing.T) {
+	wide := `{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"id":"wide"}`
+	bodies := []string{`{"id":"one","n":1}`, wide, `{"id":"three","n":3}`, wide}
+	ms := make([]source.Message, len(bodies))
+	for i, b := range bodies {
+		ms[i] = source.Message{Body: []byte(b)}
+	}
+	msgs := NewMessages(ms)
+	id := MustCompile("$.id")
+	for _, i := range []int{3, 0, 1, 2} { // out of order
+		want := gjson.Get(bodies[i], "id").Str
+		if got, err := id.Text(&msgs[i]); err != nil || got != want {
+			t.Errorf("message %d: id %q, %v; want %q", i, got, err, want)
+		}
+	}
+	for i := range msgs {
+		want := gjson.Get(bodies[i], "id").Str
+		if got, _ := id.Text(&msgs[i]); got != want {
+			t.Errorf("message %d after the others were indexed: id %q, want %q", i, got, want)
+		}
+	}
+}
