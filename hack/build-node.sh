@@ -15,7 +15,11 @@ out="$root/bin/k8s/$version-$(go env GOOS)-$(go env GOARCH)"
 comps=(kubelet kube-controller-manager kube-scheduler kube-proxy kubectl cri-clean)
 fresh=1
 for c in "${comps[@]}"; do [[ -x "$out/$c" ]] || fresh=0; done
-if [[ $fresh == 1 && -f "$out/.node-stamp" && "$out/.node-stamp" -nt "$root/hack/envtest/go.sum" ]]; then
+# The stamp holds the checksum of what the binaries were built from (the
+# module's go.sum and cri-clean's source): a content check, so a new
+# checkout or worktree reuses them.
+sum=$(cat "$root/hack/envtest/go.sum" "$root"/hack/envtest/cri-clean/*.go | sha256sum | cut -d' ' -f1)
+if [[ $fresh == 1 && -f "$out/.node-stamp" && "$(cat "$out/.node-stamp")" == "$sum" ]]; then
   echo "$out"
   exit 0
 fi
@@ -28,5 +32,5 @@ for c in "${comps[@]}"; do
   CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$c" "./$c"
   echo "built $c in $(( $(date +%s) - t0 ))s" >&2
 done
-touch "$out/.node-stamp"
+echo "$sum" > "$out/.node-stamp"
 echo "$out"
