@@ -234,7 +234,7 @@ func (s *suite) upgradeVia(ctx context.Context, t *testing.T, via upgradePath) {
 
 	// Effects: every published id once.
 	for _, r := range w.resources {
-		s.waitDrainedIn(ctx, t, r)
+		s.waitDrainedIn(ctx, t, w, r)
 		v := w.effects(ctx, t, r, published[r.input])
 		t.Logf("UPGRADE %s effects %s: published %d (%d unique ids, %d re-sends), effects %d, distinct %d, doubled %d, lost %d",
 			via.name(), r.idc.Name, v.sends, v.unique, v.sends-v.unique, v.rows, v.distinct, v.doubled, v.lost)

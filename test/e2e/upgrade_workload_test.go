@@ -25,6 +25,9 @@ type upgradeResource struct {
 	effects          string
 	js               jetstream.JetStream
 	stream, consumer string
+	// upstreamOutbox is the outbox that feeds its stream (a pipeline's
+	// second stage): its stream is complete only once that is empty.
+	upstreamOutbox string
 }
 
 type upgradeWorkload struct {
@@ -181,7 +184,8 @@ spec:
 	w.resources = []*upgradeResource{
 		{idc: orders, input: streams[0].stream, effects: logged("up_orders"), js: js, stream: streams[0].stream, consumer: "up-orders"},
 		{idc: pipeA, input: streams[1].stream, effects: logged("up_pipe_orders"), js: js, stream: streams[1].stream, consumer: "up-pipe-a"},
-		{idc: pipeB, input: streams[1].stream, effects: appended("up_pipe_events"), js: js, stream: streams[2].stream, consumer: "up-pipe-b"},
+		{idc: pipeB, input: streams[1].stream, effects: appended("up_pipe_events"), js: js, stream: streams[2].stream, consumer: "up-pipe-b",
+			upstreamOutbox: "e2e.inbox_up_pipe_orders_outbox"},
 		{idc: scaled, input: streams[3].stream, effects: appended("up_scaled"), js: scaleJS, stream: streams[3].stream, consumer: "up-scaled"},
 	}
 	return w
@@ -290,10 +294,33 @@ func (w *upgradeWorkload) effects(ctx context.Context, t *testing.T, r *upgradeR
 
 // waitDrainedIn waits until the resource's own broker consumer has nothing
 // pending or unacknowledged.
-func (s *suite) waitDrainedIn(ctx context.Context, t *testing.T, r *upgradeResource) {
+func (s *suite) waitDrainedIn(ctx context.Context, t *testing.T, w *upgradeWorkload, r *upgradeResource) {
 	t.Helper()
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
+	if r.upstreamOutbox != "" {
+		// The stream is drained before its last events are: the upstream
+		// stage's relay may still hold some in its outbox.
+		conn, err := pgx.Connect(dctx, w.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = conn.Close(ctx) }()
+		for {
+			var unsent int
+			if err := conn.QueryRow(dctx, `SELECT count(*) FROM `+r.upstreamOutbox+` WHERE sent_at IS NULL`).Scan(&unsent); err != nil {
+				t.Fatalf("%s: reading the upstream outbox: %v", r.idc.Name, err)
+			}
+			if unsent == 0 {
+				break
+			}
+			select {
+			case <-dctx.Done():
+				t.Fatalf("%s: %d events still unsent in %s after 3 minutes", r.idc.Name, unsent, r.upstreamOutbox)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
 	if _, err := localcluster.WaitDrained(dctx, r.js, r.stream, r.consumer, nil); err != nil {
 		t.Fatalf("%s: %v", r.idc.Name, err)
 	}
