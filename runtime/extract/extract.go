@@ -201,7 +201,7 @@ func NewMessages(ms []source.Message) []Message {
 	for i := range ms {
 		out[i].Message = ms[i]
 		lo := i * fieldsPerMessage
-		out[i].fields = fields[lo:lo:min(lo+fieldsPerMessage, cap(fields))]
+		out[i].fields = fields[lo : lo : lo+fieldsPerMessage]
 	}
 	return out
 }
