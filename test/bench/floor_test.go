@@ -37,6 +37,7 @@ const (
 	// floor pairs, in seconds (default 5).
 	floorSliceEnv = "IDC_BENCH_FLOOR_SLICE_SECONDS"
 	floorNote     = "FLOOR consumer: fetch, one multi-row INSERT, COMMIT, ack; no inbox, no dedup, no exactly-once; not a product figure"
+	dedupNote     = "FLOOR consumer with an inbox: fetch, claim the ids and INSERT the new bodies in one statement, COMMIT, ack; no extraction, fingerprint, gate or upsert; not a product figure"
 )
 
 func envInt(name string, def int) int {
@@ -55,8 +56,16 @@ func floorSlice() time.Duration {
 
 // floorConsumer runs replicas of the floor consumer on one durable pull
 // consumer of cfg's stream, into <schema>.floor_sink (body text).
-var floorConsumer = latencyConsumer{
-	start: func(t *throughputEnv, b *testing.B, cfg config.Config, replicas int, _ ...string) *replicaSet {
+var floorConsumer = floorConsumerWith(false)
+
+// dedupFloorConsumer is the floor consumer with --inbox: each transaction
+// also claims the ids in <schema>.floor_inbox and inserts only the new
+// ones: the least any inbox adds to the floor. Its figures are a floor too,
+// never a product figure.
+var dedupFloorConsumer = floorConsumerWith(true)
+
+func floorConsumerWith(dedup bool) latencyConsumer {
+	return latencyConsumer{start: func(t *throughputEnv, b *testing.B, cfg config.Config, replicas int, _ ...string) *replicaSet {
 		b.Helper()
 		if t.floorBin == "" {
 			t.floorBin = testbin.Build(b, floorConsumerPackage, "floor-consumer")
@@ -66,6 +75,13 @@ var floorConsumer = latencyConsumer{
 		table := schema + ".floor_sink"
 		if _, err := t.pool.Exec(ctx, "CREATE TABLE "+table+" (body text NOT NULL)"); err != nil {
 			b.Fatal(err)
+		}
+		var inboxArgs []string
+		if dedup {
+			if _, err := t.pool.Exec(ctx, "CREATE TABLE "+schema+".floor_inbox (message_id text PRIMARY KEY)"); err != nil {
+				b.Fatal(err)
+			}
+			inboxArgs = []string{"--inbox", schema + ".floor_inbox"}
 		}
 		// Sized as the runtime sizes its own: every replica's batches in
 		// flight, twice.
@@ -87,6 +103,7 @@ var floorConsumer = latencyConsumer{
 			}
 			cmd := exec.Command(t.floorBin, "--nats", js.URL, "--stream", js.Stream, "--consumer", js.Consumer, "--dsn", t.dsn,
 				"--table", table, "--batch", strconv.Itoa(cfg.Delivery.BatchSize), "--max-wait", cfg.Delivery.MaxWait.String(), "--addr", addr)
+			cmd.Args = append(cmd.Args, inboxArgs...)
 			cmd.Stdout, cmd.Stderr = logFile, logFile
 			if err := cmd.Start(); err != nil {
 				b.Fatal(err)
@@ -99,7 +116,8 @@ var floorConsumer = latencyConsumer{
 		b.Cleanup(func() { rs.stop() })
 		return rs
 	},
-	table: "floor_sink", idExpr: "body::jsonb->>'id'", floor: true,
+		table: "floor_sink", idExpr: "body::jsonb->>'id'", floor: true,
+	}
 }
 
 // spread is the median of a ratio over interleaved pairs, with each pair's.
@@ -216,23 +234,33 @@ func (t *throughputEnv) floorPairs(b *testing.B, jetStreamMax, sustained float64
 		{"10pct", "", 0.1 * jetStreamMax, 0.1},
 		{"50pct_of_sustained", "sustained_max", 0.5 * sustained, 0.5},
 	} {
-		var p99 spread
+		var p99, dedupP99, vsDedupP99 spread
 		for i := range pairs {
 			rt := t.latencyJetStreamBy(b, "jetstream_upsert_vs_floor", 2, batchSize, config.BatchingAdaptive, p.rate, p.load, runtimeConsumer)
 			fl := t.latencyJetStreamBy(b, "floor_consumer", 2, batchSize, config.BatchingAdaptive, p.rate, p.load, floorConsumer)
-			rt.loadOf, fl.loadOf = p.of, p.of
-			fl.note = floorNote
+			dd := t.latencyJetStreamBy(b, "floor_consumer_with_inbox", 2, batchSize, config.BatchingAdaptive, p.rate, p.load, dedupFloorConsumer)
+			rt.loadOf, fl.loadOf, dd.loadOf = p.of, p.of, p.of
+			fl.note, dd.note = floorNote, dedupNote
 			printLatency(rt)
 			printLatency(fl)
-			rtCPU, flCPU := cpuPerMsg(rt), cpuPerMsg(fl)
+			printLatency(dd)
+			rtCPU, flCPU, ddCPU := cpuPerMsg(rt), cpuPerMsg(fl), cpuPerMsg(dd)
 			fmt.Printf("PAIR latency_vs_floor load=%s pair=%d p99_ms=%.1f floor_p99_ms=%.1f ratio=%.2f consumer_us_per_msg=%.2f floor_us_per_msg=%.2f postgres_us_per_msg=%.2f floor_postgres_us_per_msg=%.2f\n",
 				p.name, i+1, ms(rt.p99), ms(fl.p99), ms(rt.p99)/ms(fl.p99), rtCPU.consumer, flCPU.consumer, rtCPU.postgres, flCPU.postgres)
+			fmt.Printf("PAIR latency_vs_floor_with_inbox load=%s pair=%d p99_ms=%.1f floor_with_inbox_p99_ms=%.1f floor_p99_ms=%.1f ratio=%.2f floor_with_inbox_vs_floor=%.2f floor_with_inbox_postgres_us_per_msg=%.2f\n",
+				p.name, i+1, ms(rt.p99), ms(dd.p99), ms(fl.p99), ms(rt.p99)/ms(dd.p99), ms(dd.p99)/ms(fl.p99), ddCPU.postgres)
 			p99 = append(p99, ms(rt.p99)/ms(fl.p99))
+			dedupP99 = append(dedupP99, ms(dd.p99)/ms(fl.p99))
+			vsDedupP99 = append(vsDedupP99, ms(rt.p99)/ms(dd.p99))
 			if p.load == 0.5 {
 				cpuRatios = append(cpuRatios, rtCPU.consumer/flCPU.consumer)
 			}
 		}
 		fmt.Printf("RATIO latency_p99_vs_floor_%s=%s\n", p.name, p99)
+		// How much of that an inbox costs by itself, and how close the
+		// runtime is to the least an inbox costs.
+		fmt.Printf("RATIO latency_p99_floor_with_inbox_vs_floor_%s=%s\n", p.name, dedupP99)
+		fmt.Printf("RATIO latency_p99_vs_floor_with_inbox_%s=%s\n", p.name, vsDedupP99)
 	}
 	// CPU per message from the 50% slices: at 10% a consumer's polling
 	// while idle dominates what a message costs.

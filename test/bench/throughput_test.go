@@ -194,14 +194,18 @@ func (t *throughputEnv) runSelected(b *testing.B, only string) {
 			t.mariaDBRows(b)
 			continue
 		case "floor":
-			// The floor consumer's latency rows alone, at 10% and 50% of
-			// a 2 x 500 row measured here (no runtime row beside them).
+			// The floor consumers' latency rows alone (without and with
+			// an inbox), at 10% and 50% of a 2 x 500 row measured here
+			// (no runtime row beside them).
 			r := t.runJetStream(b, 2, batchSize)
 			printRow(r)
 			for _, load := range []float64{0.1, 0.5} {
 				fl := t.latencyJetStreamBy(b, "floor_consumer", 2, batchSize, config.BatchingAdaptive, load*r.rate(), load, floorConsumer)
 				fl.note = floorNote
 				printLatency(fl)
+				dd := t.latencyJetStreamBy(b, "floor_consumer_with_inbox", 2, batchSize, config.BatchingAdaptive, load*r.rate(), load, dedupFloorConsumer)
+				dd.note = dedupNote
+				printLatency(dd)
 			}
 			continue
 		case "latency-floor":

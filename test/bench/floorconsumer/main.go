@@ -7,6 +7,13 @@
 // guarantee (a redelivered message is inserted again), and what it
 // measures is never a product figure.
 //
+// With --inbox it is the floor of an exactly-once consumer instead: the
+// same transaction also claims each message's id (its "id" member) in a
+// table whose primary key is the id, and inserts only the bodies whose
+// claim was new, in one statement. That is the least any inbox can add to
+// the floor: no extraction but the id, no fingerprint, no gate, no effect
+// but the INSERT. It too is a floor, never a product figure.
+//
 // Only test/bench runs it (the "floor" rows of make bench). It serves
 // /readyz (after its first fetch) and, on /metrics, the two
 // idc_commit_duration_seconds series the benchmark reads from the runtime
@@ -29,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tidwall/gjson"
 )
 
 func main() {
@@ -40,11 +48,12 @@ func main() {
 	batch := flag.Int("batch", 500, "most messages per fetch and per transaction")
 	maxWait := flag.Duration("max-wait", 100*time.Millisecond, "how long one pull request waits on the server")
 	addr := flag.String("addr", "127.0.0.1:0", "address of /readyz and /metrics")
+	inbox := flag.String("inbox", "", "schema-qualified table with one text column, message_id, its primary key: claim each id there and insert only the new ones")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, *natsURL, *stream, *durable, *dsn, *table, *batch, *maxWait, *addr); err != nil && ctx.Err() == nil {
+	if err := run(ctx, *natsURL, *stream, *durable, *dsn, *table, *inbox, *batch, *maxWait, *addr); err != nil && ctx.Err() == nil {
 		log.Fatal(err)
 	}
 }
@@ -77,9 +86,12 @@ type floor struct {
 	stats  *commitStats
 	msgs   []jetstream.Msg
 	bodies []string
+	// ids is set with --inbox: the insert is then claim-gated.
+	ids   []string
+	dedup bool
 }
 
-func run(ctx context.Context, natsURL, stream, durable, dsn, table string, batch int, maxWait time.Duration, addr string) error {
+func run(ctx context.Context, natsURL, stream, durable, dsn, table, inbox string, batch int, maxWait time.Duration, addr string) error {
 	stats := &commitStats{}
 	go func() { log.Print(http.ListenAndServe(addr, stats)) }() //nolint:gosec // loopback, benchmark only
 
@@ -103,6 +115,12 @@ func run(ctx context.Context, natsURL, stream, durable, dsn, table string, batch
 	defer func() { _ = db.Close(context.Background()) }()
 	f := &floor{cons: cons, db: db, insert: "INSERT INTO " + table + " (body) SELECT unnest($1::text[])", batch: batch, stats: stats,
 		msgs: make([]jetstream.Msg, 0, batch), bodies: make([]string, 0, batch)}
+	if inbox != "" {
+		f.dedup, f.ids = true, make([]string, 0, batch)
+		f.insert = "WITH u AS (SELECT * FROM unnest($1::text[], $2::text[]) AS u(id, body)), " +
+			"c AS (INSERT INTO " + inbox + " (message_id) SELECT DISTINCT id FROM u ON CONFLICT DO NOTHING RETURNING message_id) " +
+			"INSERT INTO " + table + " (body) SELECT DISTINCT ON (u.id) u.body FROM u JOIN c ON c.message_id = u.id"
+	}
 	for ctx.Err() == nil {
 		// One pull request for up to a batch; what it has delivered when
 		// its first message arrived is committed at once, the rest in
@@ -132,11 +150,18 @@ func (f *floor) drain(ctx context.Context, ch <-chan jetstream.Msg) error {
 		}
 		f.msgs = append(f.msgs[:0], m)
 		f.msgs, open = take(ch, f.msgs, f.batch)
-		f.bodies = f.bodies[:0]
+		f.bodies, f.ids = f.bodies[:0], f.ids[:0]
 		for _, m := range f.msgs {
 			f.bodies = append(f.bodies, string(m.Data()))
+			if f.dedup {
+				f.ids = append(f.ids, gjson.GetBytes(m.Data(), "id").String())
+			}
 		}
-		if err := commit(ctx, f.db, f.insert, f.bodies, f.stats); err != nil {
+		args := []any{f.bodies}
+		if f.dedup {
+			args = []any{f.ids, f.bodies}
+		}
+		if err := commit(ctx, f.db, f.insert, args, f.stats); err != nil {
 			return err
 		}
 		for _, m := range f.msgs {
@@ -164,12 +189,12 @@ func take(ch <-chan jetstream.Msg, msgs []jetstream.Msg, batch int) (_ []jetstre
 	return msgs, true
 }
 
-func commit(ctx context.Context, db *pgx.Conn, insert string, bodies []string, stats *commitStats) error {
+func commit(ctx context.Context, db *pgx.Conn, insert string, args []any, stats *commitStats) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, insert, bodies); err != nil {
+	if _, err := tx.Exec(ctx, insert, args...); err != nil {
 		_ = tx.Rollback(context.Background())
 		return err
 	}
