@@ -76,7 +76,8 @@ func (s *Store) claimPartitioned(ctx context.Context, tx pgx.Tx, ids []string, d
 		ON CONFLICT DO NOTHING RETURNING message_id`, ids, dates, fps)
 }
 
-// dedupeClaims drops in-batch duplicates and sorts by id: every claim then
+// dedupeClaims drops in-batch duplicates and sorts by id (byte order, which
+// is a new inbox's key order: its message_id is COLLATE "C"): every claim then
 // inserts its ids in the same order, so two replicas claiming overlapping
 // batches wait on each other instead of deadlocking (ON CONFLICT DO NOTHING
 // still waits for another transaction's uncommitted insert of the same id).

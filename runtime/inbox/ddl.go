@@ -17,7 +17,7 @@ func (s *Store) ddl() []string {
 		// published_on comes from the broker's stored publish time, stable
 		// across redeliveries, so a message always maps to one partition.
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.inbox+` (
-			message_id   text NOT NULL,
+			message_id   text COLLATE "C" NOT NULL,
 			published_on date NOT NULL,
 			processed_at timestamptz NOT NULL DEFAULT now(),
 			fingerprint  bigint,
@@ -25,7 +25,7 @@ func (s *Store) ddl() []string {
 		) PARTITION BY RANGE (published_on)`)
 	} else {
 		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+s.inbox+` (
-			message_id   text PRIMARY KEY,
+			message_id   text COLLATE "C" PRIMARY KEY,
 			processed_at timestamptz NOT NULL DEFAULT now(),
 			fingerprint  bigint
 		)`)

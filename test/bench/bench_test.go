@@ -418,6 +418,13 @@ func (e *env) checkSameState(b *testing.B) {
 // newDatabase creates a database private to the run, dropped at the end.
 func newDatabase(b *testing.B) string {
 	b.Helper()
+	return newDatabaseWith(b, "")
+}
+
+// newDatabaseWith creates the database with options after CREATE DATABASE
+// name (a locale, say).
+func newDatabaseWith(b *testing.B, options string) string {
+	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, adminDSN)
@@ -426,7 +433,7 @@ func newDatabase(b *testing.B) string {
 	}
 	defer admin.Close(context.Background())
 	name := fmt.Sprintf("idc_bench_%d", time.Now().UnixNano())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" "+options); err != nil {
 		b.Fatalf("creating database: %v", err)
 	}
 	b.Cleanup(func() {

@@ -78,7 +78,7 @@ func floorConsumerWith(dedup bool) latencyConsumer {
 		}
 		var inboxArgs []string
 		if dedup {
-			if _, err := t.pool.Exec(ctx, "CREATE TABLE "+schema+".floor_inbox (message_id text PRIMARY KEY)"); err != nil {
+			if _, err := t.pool.Exec(ctx, "CREATE TABLE "+schema+".floor_inbox (message_id text COLLATE \"C\" PRIMARY KEY)"); err != nil {
 				b.Fatal(err)
 			}
 			inboxArgs = []string{"--inbox", schema + ".floor_inbox"}
