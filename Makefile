@@ -113,7 +113,8 @@ test-e2e: build-installer helm plugin ## End-to-end on the real node (make node-
 	@hack/node.sh running || { echo "the real node is not running: make node-up" >&2; exit 1; }
 	@hack/keda-install.sh
 	IDC_E2E_KUBECONFIG="$$(hack/node.sh kubeconfig)" IDC_E2E_INSTALL=$(CURDIR)/dist/install.yaml IDC_E2E_KUBECTL=$(KUBECTL) IDC_E2E_HELM=$(HELM) IDC_E2E_PLUGIN=$(LOCALBIN)/kubectl-idc IDC_E2E_FIXTURES=$(LOCALBIN)/e2e-fixtures \
-	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_IMAGE_ID="$$(cat $(LOCALBIN)/idc-operator-image.tar.id)" IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 36m -v ./test/e2e/...
+	  IDC_E2E_IMAGE=$(IMG) IDC_E2E_IMAGE_ID="$$(cat $(LOCALBIN)/idc-operator-image.tar.id)" IDC_E2E_VERSION=$(VERSION) IDC_E2E_AUDIT_LOG="$$(dirname "$$(dirname "$$(hack/node.sh kubeconfig)")")/logs/audit.log" go test -count=1 -timeout 36m -v ./test/e2e/... 2>&1 | tee $(LOCALBIN)/e2e.log \
+	  || { hack/e2e-failed.sh $(LOCALBIN)/e2e.log; exit 1; }
 
 ##@ Real node
 

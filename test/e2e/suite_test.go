@@ -88,7 +88,7 @@ func TestRealNode(t *testing.T) {
 			continue
 		}
 		if !t.Run(st.name, func(t *testing.T) { st.fn(ctx, t) }) {
-			s.dumpOnFailure(t)
+			s.dumpOnFailure(t, st.name)
 			t.Fatalf("step %s failed; the later steps build on it", st.name)
 		}
 	}
@@ -116,9 +116,11 @@ func randomSuffix() string {
 }
 
 // dumpOnFailure logs what an on-call engineer would look at first.
-func (s *suite) dumpOnFailure(t *testing.T) {
+// hack/e2e-failed.sh finds the step's own lines by the first line.
+func (s *suite) dumpOnFailure(t *testing.T, step string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	t.Logf("=== the cluster when step %s failed", step)
 	for _, args := range [][]string{
 		{"get", "pods", "-A", "-o", "wide"},
 		{"-n", testNamespace, "get", "idc", "-o", "wide"},

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/idempotency-dev/idc-operator/internal/testenv"
 	"github.com/idempotency-dev/idc-operator/test/localcluster"
@@ -57,10 +59,8 @@ type upgradePath interface {
 	name() string
 	installPrevious(ctx context.Context, t *testing.T, prev previousRelease)
 	upgrade(ctx context.Context, t *testing.T)
-	// managerImageID waits for the one ready manager pod and returns its
-	// image ID; managerRevision is its Deployment's revision.
-	managerImageID(ctx context.Context, t *testing.T) string
-	managerRevision(ctx context.Context, t *testing.T) int
+	// manager is the manager Deployment this path installs.
+	manager() types.NamespacedName
 	done(ctx context.Context, t *testing.T)
 }
 
@@ -79,11 +79,8 @@ func (k kubectlUpgrade) upgrade(ctx context.Context, t *testing.T) {
 		t.Fatal(err)
 	}
 }
-func (k kubectlUpgrade) managerImageID(ctx context.Context, t *testing.T) string {
-	return k.s.managerPod(ctx, t).Status.ContainerStatuses[0].ImageID
-}
-func (k kubectlUpgrade) managerRevision(ctx context.Context, t *testing.T) int {
-	return k.s.revision(ctx, t, localcluster.OperatorNamespace, localcluster.ManagerDeployment)
+func (k kubectlUpgrade) manager() types.NamespacedName {
+	return types.NamespacedName{Namespace: localcluster.OperatorNamespace, Name: localcluster.ManagerDeployment}
 }
 func (k kubectlUpgrade) done(context.Context, *testing.T) {}
 
@@ -112,11 +109,8 @@ func (h helmUpgrade) upgrade(ctx context.Context, t *testing.T) {
 	h.s.helm(ctx, t, "upgrade", helmRelease, chart, "-n", helmNamespace, "--reuse-values",
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--wait", "--timeout", "3m")
 }
-func (h helmUpgrade) managerImageID(ctx context.Context, t *testing.T) string {
-	return h.s.helmManagerPods(ctx, t, 1)[0].Status.ContainerStatuses[0].ImageID
-}
-func (h helmUpgrade) managerRevision(ctx context.Context, t *testing.T) int {
-	return h.s.revision(ctx, t, helmNamespace, helmManager)
+func (h helmUpgrade) manager() types.NamespacedName {
+	return types.NamespacedName{Namespace: helmNamespace, Name: helmManager}
 }
 func (h helmUpgrade) done(ctx context.Context, t *testing.T) {
 	t.Helper()
@@ -132,9 +126,7 @@ func (s *suite) upgradeVia(ctx context.Context, t *testing.T, via upgradePath) {
 	s.deleteNamespace(ctx, t, testNamespace)
 	start := time.Now()
 	via.installPrevious(ctx, t, prev)
-	if id := via.managerImageID(ctx, t); id != prevID {
-		t.Fatalf("the manager runs image %s, not the %s image %s", id, prev.version, prevID)
-	}
+	s.waitManagerImage(ctx, t, via.manager(), prevID, "the "+prev.version+" image")
 	t.Logf("release %s (commit %s) installed with %s in %s", prev.version, prev.commit[:12], via.name(), time.Since(start).Round(time.Second))
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNamespace, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted",
@@ -155,14 +147,12 @@ func (s *suite) upgradeVia(ctx context.Context, t *testing.T, via upgradePath) {
 	for _, r := range w.resources {
 		before[r.idc.Name] = s.snapshot(ctx, t, r.idc)
 	}
-	managerRev := via.managerRevision(ctx, t)
+	managerRev := s.revision(ctx, t, via.manager().Namespace, via.manager().Name)
 
 	locks := startLockSampler(ctx, t, w.dsn, "inbox\\_up%")
 	t0 := time.Now()
 	via.upgrade(ctx, t)
-	if id := via.managerImageID(ctx, t); id != env.imageID {
-		t.Fatalf("after the upgrade the manager runs %s, want this build's image %s", id, env.imageID)
-	}
+	s.waitManagerImage(ctx, t, via.manager(), env.imageID, "this build's image, after the upgrade")
 	readyAfter := map[string]time.Duration{"manager": time.Since(t0)}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -194,7 +184,7 @@ func (s *suite) upgradeVia(ctx context.Context, t *testing.T, via upgradePath) {
 	// roll back to an older template moves it too), and the ReplicaSets
 	// created since.
 	var rolls []string
-	mgrRolls := via.managerRevision(ctx, t) - managerRev
+	mgrRolls := s.revision(ctx, t, via.manager().Namespace, via.manager().Name) - managerRev
 	rolls = append(rolls, fmt.Sprintf("manager=%d", mgrRolls))
 	if mgrRolls > 1 {
 		t.Errorf("the manager rolled %d times, want 1", mgrRolls)
@@ -251,6 +241,33 @@ func (s *suite) upgradeVia(ctx context.Context, t *testing.T, via upgradePath) {
 	}
 	s.deleteNamespace(ctx, t, testNamespace)
 	via.done(ctx, t)
+}
+
+// waitManagerImage waits until the manager Deployment has exactly one pod,
+// ready and running the image imageID, and no other pod, not even a
+// terminating one (a rollout is complete once the old ReplicaSet is scaled
+// down, a moment before its pod is gone). Failing, it says what the
+// Deployment and its pods were doing.
+func (s *suite) waitManagerImage(ctx context.Context, t *testing.T, mgr types.NamespacedName, imageID, what string) {
+	t.Helper()
+	if err := localcluster.Eventually(ctx, 2*time.Minute, func() error {
+		var d appsv1.Deployment
+		if err := s.c.Client.Get(ctx, mgr, &d); err != nil {
+			return err
+		}
+		pods, err := s.c.Pods(ctx, mgr.Namespace, d.Spec.Selector.MatchLabels)
+		if err != nil {
+			return err
+		}
+		if len(pods) != 1 || pods[0].DeletionTimestamp != nil || !localcluster.PodReady(&pods[0]) ||
+			pods[0].Status.ContainerStatuses[0].ImageID != imageID {
+			return fmt.Errorf("want one ready pod on %s (%s); deployment %s generation %d (observed %d) replicas %d updated %d ready %d; pods:%s",
+				what, imageID, mgr, d.Generation, d.Status.ObservedGeneration, d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.ReadyReplicas, localcluster.DescribePods(pods))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 type previousRelease struct{ dir, version, commit string }

@@ -152,8 +152,12 @@ func DescribePods(pods []corev1.Pod) string {
 		for _, cs := range p.Status.ContainerStatuses {
 			ready, restarts, image = cs.Ready, restarts+cs.RestartCount, cs.ImageID
 		}
+		phase := string(p.Status.Phase)
+		if p.DeletionTimestamp != nil {
+			phase += ",terminating"
+		}
 		fmt.Fprintf(&b, "\n  %-52s %-9s ready=%-5t node=%s scheduler=%s ip=%s restarts=%d image=%s",
-			p.Name, p.Status.Phase, ready, p.Spec.NodeName, p.Spec.SchedulerName, p.Status.PodIP, restarts, image)
+			p.Name, phase, ready, p.Spec.NodeName, p.Spec.SchedulerName, p.Status.PodIP, restarts, image)
 	}
 	return b.String()
 }
